@@ -1,0 +1,7 @@
+// espresso._core: registers each area's bindings and nothing else.
+#include "pybind11.hpp"
+
+PYBIND11_MODULE(_core, m) {
+    m.doc() = "Espresso's native core: cost model and pipeline simulation";
+    register_cost_model(m);
+}

@@ -1,0 +1,167 @@
+// Bindings of the cost model: plain structs in, plain structs out. The GIL is
+// released while the estimate runs.
+#include "pybind11.hpp"
+
+#include "espresso/cost_model.hpp"
+#include "espresso/pipeline_sim.hpp"
+
+using namespace espresso;
+
+void register_cost_model(py::module_& m) {
+    py::enum_<Schedule>(m, "Schedule")
+        .value("ONE_F_ONE_B", Schedule::OneFOneB)
+        .value("GPIPE", Schedule::GPipe);
+    py::enum_<Recompute>(m, "Recompute")
+        .value("NONE", Recompute::None)
+        .value("FULL", Recompute::Full);
+    py::enum_<IssueKind>(m, "IssueKind")
+        .value("LAYERS_NOT_COVERED", IssueKind::LayersNotCovered)
+        .value("LAYERS_OVERLAP", IssueKind::LayersOverlap)
+        .value("EMPTY_STAGE", IssueKind::EmptyStage)
+        .value("OUT_OF_MEMORY", IssueKind::OutOfMemory)
+        .value("AVAILABILITY", IssueKind::Availability)
+        .value("TP_EXCEEDS_NODE", IssueKind::TpExceedsNode)
+        .value("TP_NOT_DIVISOR", IssueKind::TpNotDivisor)
+        .value("BATCH_MISMATCH", IssueKind::BatchMismatch);
+
+    py::class_<ModelDims>(m, "ModelDims")
+        .def(py::init<>())
+        .def_readwrite("num_layers", &ModelDims::num_layers)
+        .def_readwrite("hidden_size", &ModelDims::hidden_size)
+        .def_readwrite("num_heads", &ModelDims::num_heads)
+        .def_readwrite("num_kv_heads", &ModelDims::num_kv_heads)
+        .def_readwrite("ffn_hidden_size", &ModelDims::ffn_hidden_size)
+        .def_readwrite("vocab_size", &ModelDims::vocab_size)
+        .def_readwrite("gated_mlp", &ModelDims::gated_mlp)
+        .def_readwrite("tied_embeddings", &ModelDims::tied_embeddings)
+        .def_readwrite("position_embeddings", &ModelDims::position_embeddings)
+        .def_readwrite("layernorm", &ModelDims::layernorm)
+        .def_readwrite("linear_bias", &ModelDims::linear_bias);
+
+    py::class_<GpuSpec>(m, "GpuSpec")
+        .def(py::init<>())
+        .def_readwrite("memory_gb", &GpuSpec::memory_gb)
+        .def_readwrite("tflops", &GpuSpec::tflops)
+        .def_readwrite("mem_bandwidth_gbs", &GpuSpec::mem_bandwidth_gbs)
+        .def_readwrite("intra_node_gbs", &GpuSpec::intra_node_gbs)
+        .def_readwrite("inter_node_gbs", &GpuSpec::inter_node_gbs)
+        .def_readwrite("efficiency", &GpuSpec::efficiency)
+        .def_readwrite("price_per_hour", &GpuSpec::price_per_hour)
+        .def_readwrite("count", &GpuSpec::count)
+        .def_readwrite("gpus_per_node", &GpuSpec::gpus_per_node);
+
+    py::class_<CostParams>(m, "CostParams")
+        .def(py::init<>())
+        .def_readwrite("efficiency", &CostParams::efficiency)
+        .def_readwrite("bytes_per_weight", &CostParams::bytes_per_weight)
+        .def_readwrite("bytes_per_grad", &CostParams::bytes_per_grad)
+        .def_readwrite("zero1", &CostParams::zero1)
+        .def_readwrite("flash_attention", &CostParams::flash_attention)
+        .def_readwrite("dropout_masks", &CostParams::dropout_masks)
+        .def_readwrite("bytes_per_activation", &CostParams::bytes_per_activation)
+        .def_readwrite("bytes_per_logit", &CostParams::bytes_per_logit)
+        .def_readwrite("reserved_gb", &CostParams::reserved_gb)
+        .def_readwrite("memory_reserve_fraction", &CostParams::memory_reserve_fraction)
+        .def_readwrite("link_efficiency", &CostParams::link_efficiency)
+        .def_readwrite("link_latency_s", &CostParams::link_latency_s)
+        .def_readwrite("optimizer_step_bytes_per_param", &CostParams::optimizer_step_bytes_per_param)
+        .def_readwrite("memory_bandwidth_efficiency", &CostParams::memory_bandwidth_efficiency);
+
+    py::class_<Workload>(m, "Workload")
+        .def(py::init<>())
+        .def_readwrite("seq_len", &Workload::seq_len)
+        .def_readwrite("micro_batch_size", &Workload::micro_batch_size)
+        .def_readwrite("num_microbatches", &Workload::num_microbatches)
+        .def_readwrite("dp", &Workload::dp)
+        .def_readwrite("global_batch_size", &Workload::global_batch_size)
+        .def_readwrite("schedule", &Workload::schedule)
+        .def_readwrite("recompute", &Workload::recompute)
+        .def_readwrite("optimizer_bytes_per_param", &Workload::optimizer_bytes_per_param)
+        .def_readwrite("iterations", &Workload::iterations)
+        .def_readwrite("deadline_hours", &Workload::deadline_hours);
+
+    py::class_<StageSpec>(m, "StageSpec")
+        .def(py::init<>())
+        .def(py::init([](std::int64_t gpu, std::int64_t tp, std::int64_t begin, std::int64_t end) {
+                 return StageSpec{gpu, tp, begin, end};
+             }),
+             py::arg("gpu"), py::arg("tp"), py::arg("layer_begin"), py::arg("layer_end"))
+        .def_readwrite("gpu", &StageSpec::gpu)
+        .def_readwrite("tp", &StageSpec::tp)
+        .def_readwrite("layer_begin", &StageSpec::layer_begin)
+        .def_readwrite("layer_end", &StageSpec::layer_end);
+
+    py::class_<Issue>(m, "Issue")
+        .def_readonly("kind", &Issue::kind)
+        .def_readonly("stage", &Issue::stage)
+        .def_readonly("gpu", &Issue::gpu)
+        .def_readonly("value", &Issue::value)
+        .def_readonly("limit", &Issue::limit)
+        .def_readonly("what", &Issue::what);
+
+    py::class_<StageEstimate>(m, "StageEstimate")
+        .def_readonly("num_layers", &StageEstimate::num_layers)
+        .def_readonly("params", &StageEstimate::params)
+        .def_readonly("fwd_s", &StageEstimate::fwd_s)
+        .def_readonly("bwd_s", &StageEstimate::bwd_s)
+        .def_readonly("weights_bytes", &StageEstimate::weights_bytes)
+        .def_readonly("grads_bytes", &StageEstimate::grads_bytes)
+        .def_readonly("optimizer_bytes", &StageEstimate::optimizer_bytes)
+        .def_readonly("activation_bytes", &StageEstimate::activation_bytes)
+        .def_readonly("transient_bytes", &StageEstimate::transient_bytes)
+        .def_readonly("memory_bytes", &StageEstimate::memory_bytes)
+        .def_readonly("capacity_bytes", &StageEstimate::capacity_bytes)
+        .def_readonly("in_flight", &StageEstimate::in_flight)
+        .def_readonly("send_s", &StageEstimate::send_s)
+        .def_readonly("send_intra_node", &StageEstimate::send_intra_node)
+        .def_readonly("dp_allreduce_s", &StageEstimate::dp_allreduce_s)
+        .def_readonly("optimizer_step_s", &StageEstimate::optimizer_step_s);
+
+    py::class_<EstimateResult>(m, "EstimateResult")
+        .def_readonly("stages", &EstimateResult::stages)
+        .def_readonly("gpus_used", &EstimateResult::gpus_used)
+        .def_readonly("pipeline_s", &EstimateResult::pipeline_s)
+        .def_readonly("dp_allreduce_s", &EstimateResult::dp_allreduce_s)
+        .def_readonly("optimizer_step_s", &EstimateResult::optimizer_step_s)
+        .def_readonly("iteration_s", &EstimateResult::iteration_s)
+        .def_readonly("closed_form_s", &EstimateResult::closed_form_s)
+        .def_readonly("bubble_fraction", &EstimateResult::bubble_fraction)
+        .def_readonly("bottleneck_stage", &EstimateResult::bottleneck_stage)
+        .def_readonly("hourly_usd", &EstimateResult::hourly_usd)
+        .def_readonly("total_hours", &EstimateResult::total_hours)
+        .def_readonly("total_usd", &EstimateResult::total_usd)
+        .def_readonly("model_flops_per_iteration", &EstimateResult::model_flops_per_iteration)
+        .def_readonly("feasible", &EstimateResult::feasible)
+        .def_readonly("meets_deadline", &EstimateResult::meets_deadline)
+        .def_readonly("issues", &EstimateResult::issues);
+
+    py::class_<PipelineResult>(m, "PipelineResult")
+        .def_readonly("makespan_s", &PipelineResult::makespan_s)
+        .def_readonly("busy_s", &PipelineResult::busy_s)
+        .def_readonly("bubble_fraction", &PipelineResult::bubble_fraction);
+
+    m.def("block_params", &block_params, py::arg("model"));
+    m.def("embedding_params", &embedding_params, py::arg("model"));
+    m.def("head_params", &head_params, py::arg("model"));
+    m.def("final_norm_params", &final_norm_params, py::arg("model"));
+    m.def("total_params", &total_params, py::arg("model"));
+    m.def("block_fwd_flops", &block_fwd_flops, py::arg("model"), py::arg("seq_len"),
+          py::arg("micro_batch"));
+    m.def("head_fwd_flops", &head_fwd_flops, py::arg("model"), py::arg("seq_len"),
+          py::arg("micro_batch"));
+    m.def("block_activation_bytes", &block_activation_bytes, py::arg("model"), py::arg("params"),
+          py::arg("seq_len"), py::arg("micro_batch"), py::arg("tp"));
+    m.def("ring_allreduce_s", &ring_allreduce_s, py::arg("bytes"), py::arg("k"), py::arg("gbs"),
+          py::arg("params"));
+    m.def("validate_model", [](const ModelDims& md) { validate(md); }, py::arg("model"));
+    m.def("validate_cost_params", [](const CostParams& p) { validate(p); }, py::arg("params"));
+    m.def("estimate", &estimate, py::arg("model"), py::arg("gpus"), py::arg("params"),
+          py::arg("work"), py::arg("stages"), py::call_guard<py::gil_scoped_release>());
+    m.def("simulate_pipeline", &simulate_pipeline, py::arg("fwd_s"), py::arg("bwd_s"),
+          py::arg("send_fwd_s"), py::arg("send_bwd_s"), py::arg("num_microbatches"),
+          py::arg("schedule"), py::call_guard<py::gil_scoped_release>());
+    m.def("closed_form_s", &closed_form_s, py::arg("fwd_s"), py::arg("bwd_s"),
+          py::arg("num_microbatches"));
+    m.def("in_flight", &in_flight, py::arg("schedule"), py::arg("stage"), py::arg("num_stages"),
+          py::arg("num_microbatches"));
+}

@@ -1,0 +1,397 @@
+#include "espresso/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+#include "espresso/pipeline_sim.hpp"
+
+namespace espresso {
+
+namespace {
+
+constexpr double kGB = 1e9;
+
+// Bounds that keep every product below 2^53 and every allocation small.
+constexpr std::int64_t kMaxDim = 1 << 20;          // hidden, ffn, heads
+constexpr std::int64_t kMaxVocab = 1 << 24;
+constexpr std::int64_t kMaxLayers = 100000;
+constexpr std::int64_t kMaxSeq = 1 << 24;
+constexpr std::int64_t kMaxBatch = 1 << 24;
+constexpr std::int64_t kMaxTp = 1024;
+constexpr std::int64_t kMaxDp = 1 << 20;
+
+[[noreturn]] void bad(const std::string& field, double value, const std::string& expected) {
+    std::ostringstream os;
+    os << field << " must be " << expected << ", got " << value;
+    throw std::invalid_argument(os.str());
+}
+
+void check_int(const std::string& field, std::int64_t v, std::int64_t lo, std::int64_t hi) {
+    if (v < lo || v > hi) {
+        bad(field, static_cast<double>(v),
+            "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+}
+
+void check_pos(const std::string& field, double v) {
+    if (!std::isfinite(v) || v <= 0) bad(field, v, "a finite number > 0");
+}
+
+void check_nonneg(const std::string& field, double v) {
+    if (!std::isfinite(v) || v < 0) bad(field, v, "a finite number >= 0");
+}
+
+void check_fraction(const std::string& field, double v, bool allow_zero) {
+    if (!std::isfinite(v) || v > 1 || v < 0 || (!allow_zero && v == 0)) {
+        bad(field, v, allow_zero ? "in [0, 1]" : "in (0, 1]");
+    }
+}
+
+double d(std::int64_t v) { return static_cast<double>(v); }
+
+double kv_dim(const ModelDims& m) {
+    return d(m.num_kv_heads) * d(m.hidden_size) / d(m.num_heads);
+}
+
+double block_matmul_params(const ModelDims& m) {
+    const double h = d(m.hidden_size), f = d(m.ffn_hidden_size);
+    const double attn = h * (h + 2.0 * kv_dim(m)) + h * h;  // QKV + output projection
+    const double mlp = (m.gated_mlp ? 3.0 : 2.0) * h * f;
+    return attn + mlp;
+}
+
+}  // namespace
+
+double block_params(const ModelDims& m) {
+    const double h = d(m.hidden_size), f = d(m.ffn_hidden_size);
+    const double norms = (m.layernorm ? 4.0 : 2.0) * h;  // two norms, weight (+ bias)
+    double bias = 0;
+    if (m.linear_bias) {
+        bias = (h + 2.0 * kv_dim(m)) + h + (m.gated_mlp ? 2.0 : 1.0) * f + h;
+    }
+    return block_matmul_params(m) + norms + bias;
+}
+
+double embedding_params(const ModelDims& m) {
+    return d(m.vocab_size) * d(m.hidden_size) + d(m.position_embeddings) * d(m.hidden_size);
+}
+
+double head_params(const ModelDims& m) {
+    // A tied head still needs the V x h matrix on the last stage when it is not stage 0.
+    return d(m.vocab_size) * d(m.hidden_size);
+}
+
+double final_norm_params(const ModelDims& m) {
+    return (m.layernorm ? 2.0 : 1.0) * d(m.hidden_size);
+}
+
+double total_params(const ModelDims& m) {
+    return d(m.num_layers) * block_params(m) + embedding_params(m) +
+           (m.tied_embeddings ? 0.0 : head_params(m)) + final_norm_params(m);
+}
+
+double block_fwd_flops(const ModelDims& m, std::int64_t seq_len, std::int64_t micro_batch) {
+    const double tokens = d(seq_len) * d(micro_batch);
+    return 2.0 * tokens * block_matmul_params(m) +
+           4.0 * tokens * d(seq_len) * d(m.hidden_size);  // QK^T and attention over V
+}
+
+double head_fwd_flops(const ModelDims& m, std::int64_t seq_len, std::int64_t micro_batch) {
+    return 2.0 * d(seq_len) * d(micro_batch) * d(m.hidden_size) * d(m.vocab_size);
+}
+
+double block_activation_bytes(const ModelDims& m, const CostParams& p, std::int64_t seq_len,
+                              std::int64_t micro_batch, std::int64_t tp) {
+    const double s = d(seq_len), b = d(micro_batch), h = d(m.hidden_size);
+    const double f = d(m.ffn_hidden_size), a = d(m.num_heads), t = d(tp);
+    const double sb = s * b, act = p.bytes_per_activation;
+    // Held on every TP rank: inputs of the QKV and MLP projections and of the two norms.
+    double replicated = 4.0 * sb * h * act;
+    if (p.dropout_masks) replicated += 2.0 * sb * h;  // attention- and MLP-output masks
+    // Split over TP ranks: Q, K, V, the output-projection input and the MLP interior.
+    double split = (2.0 * sb * h + 2.0 * sb * kv_dim(m)) * act;
+    split += (m.gated_mlp ? 4.0 : 2.0) * sb * f * act;
+    if (p.flash_attention) {
+        split += 4.0 * a * sb;  // fp32 log-sum-exp per head and row
+    } else {
+        // softmax output (+ dropout mask and dropout output)
+        split += (p.dropout_masks ? (2.0 * act + 1.0) : act) * a * s * sb;
+    }
+    return replicated + split / t;
+}
+
+double ring_allreduce_s(double bytes, std::int64_t k, double gbs, const CostParams& p) {
+    if (k <= 1 || bytes <= 0) return 0.0;
+    const double steps = 2.0 * d(k - 1);
+    return steps * p.link_latency_s +
+           2.0 * d(k - 1) / d(k) * bytes / (gbs * kGB * p.link_efficiency);
+}
+
+void validate(const ModelDims& m) {
+    check_int("model.num_layers", m.num_layers, 1, kMaxLayers);
+    check_int("model.hidden_size", m.hidden_size, 1, kMaxDim);
+    check_int("model.num_heads", m.num_heads, 1, m.hidden_size);
+    if (m.hidden_size % m.num_heads != 0) {
+        bad("model.hidden_size", d(m.hidden_size),
+            "divisible by num_heads (" + std::to_string(m.num_heads) + ")");
+    }
+    check_int("model.num_kv_heads", m.num_kv_heads, 1, m.num_heads);
+    if (m.num_heads % m.num_kv_heads != 0) {
+        bad("model.num_kv_heads", d(m.num_kv_heads),
+            "a divisor of num_heads (" + std::to_string(m.num_heads) + ")");
+    }
+    check_int("model.ffn_hidden_size", m.ffn_hidden_size, 1, kMaxDim);
+    check_int("model.vocab_size", m.vocab_size, 1, kMaxVocab);
+    check_int("model.position_embeddings", m.position_embeddings, 0, kMaxSeq);
+}
+
+void validate(const GpuSpec& g, std::size_t index) {
+    const std::string f = "gpus[" + std::to_string(index) + "].";
+    check_pos(f + "memory_gb", g.memory_gb);
+    check_pos(f + "bf16_tflops", g.tflops);
+    check_pos(f + "mem_bandwidth_gbs", g.mem_bandwidth_gbs);
+    check_pos(f + "intra_node_gbs", g.intra_node_gbs);
+    check_pos(f + "inter_node_gbs", g.inter_node_gbs);
+    check_fraction(f + "efficiency", g.efficiency, true);
+    check_nonneg(f + "price_per_hour", g.price_per_hour);
+    check_int(f + "count", g.count, 0, std::int64_t{1} << 40);
+    check_int(f + "gpus_per_node", g.gpus_per_node, 1, kMaxTp);
+}
+
+void validate(const CostParams& p) {
+    check_fraction("cost_model.efficiency", p.efficiency, false);
+    check_pos("cost_model.bytes_per_weight", p.bytes_per_weight);
+    check_pos("cost_model.bytes_per_grad", p.bytes_per_grad);
+    check_pos("cost_model.bytes_per_activation", p.bytes_per_activation);
+    check_nonneg("cost_model.bytes_per_logit", p.bytes_per_logit);
+    check_nonneg("cost_model.reserved_gb", p.reserved_gb);
+    if (!std::isfinite(p.memory_reserve_fraction) || p.memory_reserve_fraction < 0 ||
+        p.memory_reserve_fraction >= 1) {
+        bad("cost_model.memory_reserve_fraction", p.memory_reserve_fraction, "in [0, 1)");
+    }
+    check_fraction("cost_model.link_efficiency", p.link_efficiency, false);
+    check_nonneg("cost_model.link_latency_s", p.link_latency_s);
+    check_nonneg("cost_model.optimizer_step_bytes_per_param", p.optimizer_step_bytes_per_param);
+    check_fraction("cost_model.memory_bandwidth_efficiency", p.memory_bandwidth_efficiency, false);
+}
+
+void validate(const Workload& w) {
+    check_int("seq_len", w.seq_len, 1, kMaxSeq);
+    check_int("micro_batch_size", w.micro_batch_size, 1, kMaxBatch);
+    check_int("num_microbatches", w.num_microbatches, 1, kMaxMicrobatches);
+    check_int("dp", w.dp, 1, kMaxDp);
+    check_int("global_batch_size", w.global_batch_size, 1, std::int64_t{1} << 40);
+    if (w.schedule != Schedule::OneFOneB && w.schedule != Schedule::GPipe) {
+        bad("schedule", static_cast<double>(static_cast<int>(w.schedule)), "1f1b or gpipe");
+    }
+    if (w.recompute != Recompute::None && w.recompute != Recompute::Full) {
+        bad("recompute", static_cast<double>(static_cast<int>(w.recompute)), "none or full");
+    }
+    check_nonneg("optimizer bytes per parameter", w.optimizer_bytes_per_param);
+    check_nonneg("iterations", w.iterations);
+    check_nonneg("deadline_hours", w.deadline_hours);
+}
+
+EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus,
+                        const CostParams& params, const Workload& work,
+                        const std::vector<StageSpec>& stages) {
+    validate(model);
+    validate(params);
+    validate(work);
+    for (std::size_t g = 0; g < gpus.size(); ++g) validate(gpus[g], g);
+    const std::int64_t P = static_cast<std::int64_t>(stages.size());
+    if (P < 1 || P > kMaxStages) {
+        bad("number of stages", d(P), "in [1, " + std::to_string(kMaxStages) + "]");
+    }
+    if (P * work.num_microbatches > kMaxStageMicrobatchProduct) {
+        bad("stages * num_microbatches", d(P * work.num_microbatches),
+            "<= " + std::to_string(kMaxStageMicrobatchProduct));
+    }
+    for (std::int64_t i = 0; i < P; ++i) {
+        const StageSpec& st = stages[static_cast<std::size_t>(i)];
+        const std::string f = "stages[" + std::to_string(i) + "].";
+        check_int(f + "gpu", st.gpu, 0, static_cast<std::int64_t>(gpus.size()) - 1);
+        check_int(f + "tp", st.tp, 1, kMaxTp);
+        check_int(f + "layers[0]", st.layer_begin, 0, kMaxLayers);
+        check_int(f + "layers[1]", st.layer_end, 0, kMaxLayers);
+    }
+
+    EstimateResult r;
+    const std::int64_t M = work.num_microbatches;
+    const std::int64_t s = work.seq_len, b = work.micro_batch_size;
+    const double block_p = block_params(model);
+    const double blk_flops = block_fwd_flops(model, s, b);
+    const double act_msg = d(s) * d(b) * d(model.hidden_size) * params.bytes_per_activation;
+
+    // Coverage of the layer ranges.
+    std::int64_t expect = 0;
+    for (std::int64_t i = 0; i < P; ++i) {
+        const StageSpec& st = stages[static_cast<std::size_t>(i)];
+        if (st.layer_end <= st.layer_begin) {
+            r.issues.push_back({IssueKind::EmptyStage, i, st.gpu, d(st.layer_begin),
+                                d(st.layer_end), ""});
+        }
+        if (st.layer_begin > expect) {
+            r.issues.push_back({IssueKind::LayersNotCovered, i, -1, d(expect),
+                                d(st.layer_begin), ""});
+        } else if (st.layer_begin < expect) {
+            r.issues.push_back({IssueKind::LayersOverlap, i, -1, d(st.layer_begin), d(expect),
+                                ""});
+        }
+        expect = std::max(expect, st.layer_end);
+    }
+    if (expect != model.num_layers) {
+        r.issues.push_back({IssueKind::LayersNotCovered, P - 1, -1, d(expect),
+                            d(model.num_layers), ""});
+    }
+    if (work.dp * work.micro_batch_size * work.num_microbatches != work.global_batch_size) {
+        r.issues.push_back({IssueKind::BatchMismatch, -1, -1,
+                            d(work.dp) * d(work.micro_batch_size) * d(work.num_microbatches),
+                            d(work.global_batch_size), ""});
+    }
+
+    // Node packing of one replica: consecutive stages of one type share a node while
+    // their TP groups fit; a boundary inside a node uses the intra-node link.
+    std::vector<std::int64_t> node_of(static_cast<std::size_t>(P), 0);
+    {
+        std::int64_t node = 0, used = 0, type = -1;
+        for (std::int64_t i = 0; i < P; ++i) {
+            const StageSpec& st = stages[static_cast<std::size_t>(i)];
+            const GpuSpec& g = gpus[static_cast<std::size_t>(st.gpu)];
+            if (i == 0 || st.gpu != type || used + st.tp > g.gpus_per_node) {
+                if (i > 0) ++node;
+                used = 0;
+                type = st.gpu;
+            }
+            used += st.tp;
+            node_of[static_cast<std::size_t>(i)] = node;
+        }
+    }
+
+    r.gpus_used.assign(gpus.size(), 0);
+    r.stages.resize(static_cast<std::size_t>(P));
+    std::vector<double> fwd(static_cast<std::size_t>(P)), bwd(static_cast<std::size_t>(P));
+    std::vector<double> send_f(static_cast<std::size_t>(P - 1)), send_b(static_cast<std::size_t>(P - 1));
+    double flops_iter = 0;
+
+    for (std::int64_t i = 0; i < P; ++i) {
+        const auto si = static_cast<std::size_t>(i);
+        const StageSpec& st = stages[si];
+        const GpuSpec& g = gpus[static_cast<std::size_t>(st.gpu)];
+        StageEstimate& e = r.stages[si];
+        const std::int64_t t = st.tp;
+        const double td = d(t);
+        const bool first = i == 0, last = i == P - 1;
+        e.num_layers = std::max<std::int64_t>(0, st.layer_end - st.layer_begin);
+        const double L = d(e.num_layers);
+        r.gpus_used[static_cast<std::size_t>(st.gpu)] += t * work.dp;
+
+        if (t > g.gpus_per_node) {
+            r.issues.push_back({IssueKind::TpExceedsNode, i, st.gpu, td, d(g.gpus_per_node), ""});
+        }
+        if (model.num_heads % t != 0) {
+            r.issues.push_back({IssueKind::TpNotDivisor, i, st.gpu, td, d(model.num_heads),
+                                "num_heads"});
+        } else if (model.num_kv_heads % t != 0 && t % model.num_kv_heads != 0) {
+            r.issues.push_back({IssueKind::TpNotDivisor, i, st.gpu, td, d(model.num_kv_heads),
+                                "num_kv_heads"});
+        }
+        if (model.ffn_hidden_size % t != 0) {
+            r.issues.push_back({IssueKind::TpNotDivisor, i, st.gpu, td,
+                                d(model.ffn_hidden_size), "ffn_hidden_size"});
+        }
+
+        // Parameters and model states.
+        e.params = L * block_p + (first ? embedding_params(model) : 0.0) +
+                   (last ? head_params(model) + final_norm_params(model) : 0.0);
+        const double per_gpu = e.params / td;
+        e.weights_bytes = per_gpu * params.bytes_per_weight;
+        e.grads_bytes = per_gpu * params.bytes_per_grad;
+        e.optimizer_bytes = per_gpu * work.optimizer_bytes_per_param /
+                            (params.zero1 ? d(work.dp) : 1.0);
+
+        // Activations.
+        e.in_flight = in_flight(work.schedule, i, P, M);
+        const double blk_act = block_activation_bytes(model, params, s, b, t);
+        if (work.recompute == Recompute::Full) {
+            e.activation_bytes = d(e.in_flight) * L * d(s) * d(b) * d(model.hidden_size) *
+                                 params.bytes_per_activation;
+            e.transient_bytes = e.num_layers > 0 ? blk_act : 0.0;
+        } else {
+            e.activation_bytes = d(e.in_flight) * L * blk_act;
+        }
+        if (last) e.transient_bytes += d(s) * d(b) * d(model.vocab_size) * params.bytes_per_logit / td;
+        e.memory_bytes = e.weights_bytes + e.grads_bytes + e.optimizer_bytes +
+                         e.activation_bytes + e.transient_bytes;
+        e.capacity_bytes = g.memory_gb * kGB * (1.0 - params.memory_reserve_fraction) -
+                           params.reserved_gb * kGB;
+        if (e.memory_bytes > e.capacity_bytes) {
+            r.issues.push_back({IssueKind::OutOfMemory, i, st.gpu, e.memory_bytes,
+                                e.capacity_bytes, ""});
+        }
+
+        // Compute time per micro-batch.
+        const double eff = g.efficiency > 0 ? g.efficiency : params.efficiency;
+        const double rate = g.tflops * 1e12 * eff * td;
+        const double fwd_flops = L * blk_flops + (last ? head_fwd_flops(model, s, b) : 0.0);
+        const double tp_ar = ring_allreduce_s(act_msg, t, g.intra_node_gbs, params);
+        e.fwd_s = fwd_flops / rate + L * 2.0 * tp_ar;
+        e.bwd_s = 2.0 * fwd_flops / rate + L * 2.0 * tp_ar;
+        if (work.recompute == Recompute::Full) e.bwd_s += L * blk_flops / rate + L * 2.0 * tp_ar;
+        fwd[si] = e.fwd_s;
+        bwd[si] = e.bwd_s;
+        flops_iter += 3.0 * fwd_flops * d(M) * d(work.dp);
+
+        // Transfer to the next stage.
+        if (!last) {
+            const StageSpec& nx = stages[si + 1];
+            const GpuSpec& gn = gpus[static_cast<std::size_t>(nx.gpu)];
+            e.send_intra_node = node_of[si] == node_of[si + 1];
+            const double bw = e.send_intra_node ? g.intra_node_gbs
+                                                : std::min(g.inter_node_gbs, gn.inter_node_gbs);
+            e.send_s = params.link_latency_s + act_msg / (bw * kGB * params.link_efficiency);
+            send_f[si] = e.send_s;
+            send_b[si] = e.send_s;
+        }
+
+        // Once per iteration: gradient all-reduce over DP, optimizer step.
+        e.dp_allreduce_s = ring_allreduce_s(e.grads_bytes, work.dp, g.inter_node_gbs, params);
+        e.optimizer_step_s = per_gpu / (params.zero1 ? d(work.dp) : 1.0) *
+                             params.optimizer_step_bytes_per_param /
+                             (g.mem_bandwidth_gbs * kGB * params.memory_bandwidth_efficiency);
+        r.dp_allreduce_s = std::max(r.dp_allreduce_s, e.dp_allreduce_s);
+        r.optimizer_step_s = std::max(r.optimizer_step_s, e.optimizer_step_s);
+    }
+
+    for (std::size_t g = 0; g < gpus.size(); ++g) {
+        if (r.gpus_used[g] > gpus[g].count) {
+            r.issues.push_back({IssueKind::Availability, -1, static_cast<std::int64_t>(g),
+                                d(r.gpus_used[g]), d(gpus[g].count), ""});
+        }
+        r.hourly_usd += d(r.gpus_used[g]) * gpus[g].price_per_hour;
+    }
+
+    const PipelineResult pipe = simulate_pipeline(fwd, bwd, send_f, send_b, M, work.schedule);
+    r.pipeline_s = pipe.makespan_s;
+    r.bubble_fraction = pipe.bubble_fraction;
+    r.closed_form_s = closed_form_s(fwd, bwd, M);
+    double worst = -1;
+    for (std::int64_t i = 0; i < P; ++i) {
+        const double fb = fwd[static_cast<std::size_t>(i)] + bwd[static_cast<std::size_t>(i)];
+        if (fb > worst) {
+            worst = fb;
+            r.bottleneck_stage = i;
+        }
+    }
+    r.iteration_s = r.pipeline_s + r.dp_allreduce_s + r.optimizer_step_s;
+    r.model_flops_per_iteration = flops_iter;
+    r.total_hours = work.iterations * r.iteration_s / 3600.0;
+    r.total_usd = r.hourly_usd * r.total_hours;
+    r.feasible = r.issues.empty();
+    r.meets_deadline = r.total_hours <= work.deadline_hours;
+    return r;
+}
+
+}  // namespace espresso

@@ -1,0 +1,164 @@
+// The analytic cost model: parameters, FLOPs, memory, communication and the
+// iteration/job estimate of a pipeline-parallel plan. Pure C++ (no pybind11) so
+// it can be tested and fuzzed natively. Formulas and sources: docs/cost-model.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace espresso {
+
+enum class Schedule : int { OneFOneB = 0, GPipe = 1 };
+enum class Recompute : int { None = 0, Full = 1 };
+
+// Decoder-only transformer, as the Python ModelSpec.
+struct ModelDims {
+    std::int64_t num_layers = 0;
+    std::int64_t hidden_size = 0;
+    std::int64_t num_heads = 0;
+    std::int64_t num_kv_heads = 0;
+    std::int64_t ffn_hidden_size = 0;
+    std::int64_t vocab_size = 0;
+    bool gated_mlp = false;
+    bool tied_embeddings = false;
+    std::int64_t position_embeddings = 0;  // rows of a learned position table (0: rotary)
+    bool layernorm = false;                // LayerNorm with bias; false: RMSNorm
+    bool linear_bias = false;              // biases on the linear layers
+};
+
+// One GPU type of the catalog, in the units of the catalog contract.
+struct GpuSpec {
+    double memory_gb = 0;           // GB (1e9 bytes) per GPU
+    double tflops = 0;              // dense bf16 (fp16) peak, TFLOP/s
+    double mem_bandwidth_gbs = 0;   // GB/s
+    double intra_node_gbs = 0;      // GB/s per GPU, one direction
+    double inter_node_gbs = 0;      // GB/s per GPU, one direction
+    double efficiency = 0;          // achieved fraction of peak; 0: use CostParams
+    double price_per_hour = 0;      // USD per GPU-hour
+    std::int64_t count = 0;         // availability
+    std::int64_t gpus_per_node = 1;
+};
+
+// Every constant of the model, named; defaults are documented in docs/cost-model.md.
+struct CostParams {
+    double efficiency = 0.45;                 // matmul MFU when a GPU type gives none
+    double bytes_per_weight = 2.0;            // bf16 weights
+    double bytes_per_grad = 2.0;              // bf16 grads (4: fp32 accumulation)
+    bool zero1 = false;                       // shard optimizer states over DP
+    bool flash_attention = true;              // no s^2 score activations
+    bool dropout_masks = true;                // 1-byte masks, as Korthikanti et al.
+    double bytes_per_activation = 2.0;        // bf16 activations
+    double bytes_per_logit = 4.0;             // fp32 logits kept for the loss
+    double reserved_gb = 1.5;                 // CUDA context, NCCL buffers
+    double memory_reserve_fraction = 0.05;    // allocator fragmentation
+    double link_efficiency = 0.8;             // achieved fraction of link bandwidth
+    double link_latency_s = 1e-5;             // per message
+    double optimizer_step_bytes_per_param = 28.0;  // memory traffic of one Adam step
+    double memory_bandwidth_efficiency = 0.8;
+};
+
+// What the plan runs: batch shape, parallelism that is not per stage, the job.
+struct Workload {
+    std::int64_t seq_len = 0;
+    std::int64_t micro_batch_size = 0;
+    std::int64_t num_microbatches = 0;
+    std::int64_t dp = 1;
+    std::int64_t global_batch_size = 0;
+    Schedule schedule = Schedule::OneFOneB;
+    Recompute recompute = Recompute::None;
+    double optimizer_bytes_per_param = 12.0;  // fp32 master + Adam m and v
+    double iterations = 0;                    // optimizer steps of the job
+    double deadline_hours = 0;
+};
+
+struct StageSpec {
+    std::int64_t gpu = 0;          // index into the GPU list
+    std::int64_t tp = 1;
+    std::int64_t layer_begin = 0;  // half-open [begin, end) over transformer blocks
+    std::int64_t layer_end = 0;
+};
+
+// Why a plan is infeasible; Python turns each into words.
+enum class IssueKind : int {
+    LayersNotCovered = 0,   // value: first layer not covered (or -1), limit: num_layers
+    LayersOverlap = 1,      // stage starts before the previous one ends
+    EmptyStage = 2,         // stage holds no transformer block
+    OutOfMemory = 3,        // value: bytes needed, limit: bytes usable
+    Availability = 4,       // gpu: type, value: GPUs used, limit: count
+    TpExceedsNode = 5,      // value: tp, limit: gpus_per_node
+    TpNotDivisor = 6,       // value: tp, limit: the dimension it must divide
+    BatchMismatch = 7,      // value: dp*b*M, limit: global batch
+};
+
+struct Issue {
+    IssueKind kind = IssueKind::LayersNotCovered;
+    std::int64_t stage = -1;
+    std::int64_t gpu = -1;
+    double value = 0;
+    double limit = 0;
+    std::string what;  // for TpNotDivisor: the name of the dimension
+};
+
+struct StageEstimate {
+    std::int64_t num_layers = 0;
+    double params = 0;            // parameters held by the stage (all TP ranks)
+    double fwd_s = 0;             // per micro-batch
+    double bwd_s = 0;             // per micro-batch, recomputation included
+    double weights_bytes = 0;     // per GPU
+    double grads_bytes = 0;
+    double optimizer_bytes = 0;
+    double activation_bytes = 0;  // stashed for the micro-batches in flight
+    double transient_bytes = 0;   // recomputation working set, logits
+    double memory_bytes = 0;      // sum of the above
+    double capacity_bytes = 0;    // usable after head-room
+    std::int64_t in_flight = 0;   // micro-batches whose activations are held
+    double send_s = 0;            // activation transfer to the next stage (0 for last)
+    bool send_intra_node = false;
+    double dp_allreduce_s = 0;
+    double optimizer_step_s = 0;
+};
+
+struct EstimateResult {
+    std::vector<StageEstimate> stages;
+    std::vector<std::int64_t> gpus_used;  // per GPU type
+    double pipeline_s = 0;
+    double dp_allreduce_s = 0;
+    double optimizer_step_s = 0;
+    double iteration_s = 0;
+    double closed_form_s = 0;   // sum(f+b) + (M-1) max(f+b), a check
+    double bubble_fraction = 0;
+    std::int64_t bottleneck_stage = 0;
+    double hourly_usd = 0;
+    double total_hours = 0;
+    double total_usd = 0;
+    double model_flops_per_iteration = 0;  // 6*N*T style count without recomputation
+    bool feasible = true;
+    bool meets_deadline = true;
+    std::vector<Issue> issues;
+};
+
+// Per-block and per-model counts (exposed for tests and for the search's tables).
+double block_params(const ModelDims& m);
+double embedding_params(const ModelDims& m);    // token (+ position) table
+double head_params(const ModelDims& m);         // output projection held by the last stage
+double final_norm_params(const ModelDims& m);
+double total_params(const ModelDims& m);        // the model's size (tied counted once)
+double block_fwd_flops(const ModelDims& m, std::int64_t seq_len, std::int64_t micro_batch);
+double head_fwd_flops(const ModelDims& m, std::int64_t seq_len, std::int64_t micro_batch);
+// Bytes one block keeps for backward for one micro-batch on one GPU of a TP group.
+double block_activation_bytes(const ModelDims& m, const CostParams& p, std::int64_t seq_len,
+                              std::int64_t micro_batch, std::int64_t tp);
+// Ring all-reduce time of `bytes` over `k` members at `gbs` GB/s per member.
+double ring_allreduce_s(double bytes, std::int64_t k, double gbs, const CostParams& p);
+
+void validate(const ModelDims& m);
+void validate(const GpuSpec& g, std::size_t index);
+void validate(const CostParams& p);
+void validate(const Workload& w);
+
+EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus,
+                        const CostParams& params, const Workload& work,
+                        const std::vector<StageSpec>& stages);
+
+}  // namespace espresso

@@ -1,0 +1,49 @@
+"""Espresso: cost-efficient plans for training large transformers on heterogeneous GPUs.
+
+>>> import espresso
+>>> plan = espresso.Plan.from_json("plan.json")          # doctest: +SKIP
+>>> est = espresso.estimate(plan)                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from .catalog import Catalog, GpuType
+from .cost import CostParams
+from .errors import (
+    CatalogError,
+    EspressoError,
+    JobError,
+    MissingExtraError,
+    ModelError,
+    PlanError,
+    SpecError,
+)
+from .estimate import Estimate, StageEstimate, estimate
+from .job import Job
+from .model import ModelSpec
+from .plan import Plan, Stage
+from .units import parse_count, parse_hours
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Catalog",
+    "CatalogError",
+    "CostParams",
+    "EspressoError",
+    "Estimate",
+    "GpuType",
+    "Job",
+    "JobError",
+    "MissingExtraError",
+    "ModelError",
+    "ModelSpec",
+    "Plan",
+    "PlanError",
+    "SpecError",
+    "Stage",
+    "StageEstimate",
+    "estimate",
+    "parse_count",
+    "parse_hours",
+]

@@ -1,0 +1,120 @@
+"""Small checks shared by the specs. Each returns the normalised value or raises."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .errors import SpecError
+
+
+def _raise(err: type[SpecError], field: str, value: Any, expected: str) -> None:
+    msg = f"{field}: expected {expected}, got {value!r}"
+    raise err(msg)
+
+
+def integer(
+    field: str,
+    value: Any,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    err: type[SpecError] = SpecError,
+) -> int:
+    """An integer (an integral float such as 2e10 is accepted) within bounds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _raise(err, field, value, "an integer")
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            _raise(err, field, value, "an integer")
+        value = int(value)
+    if minimum is not None and value < minimum:
+        _raise(err, field, value, f"an integer >= {minimum}")
+    if maximum is not None and value > maximum:
+        _raise(err, field, value, f"an integer <= {maximum}")
+    return int(value)
+
+
+def number(
+    field: str,
+    value: Any,
+    *,
+    positive: bool = False,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    err: type[SpecError] = SpecError,
+) -> float:
+    """A finite real number; `positive` demands > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _raise(err, field, value, "a number")
+    value = float(value)
+    if not math.isfinite(value):
+        _raise(err, field, value, "a finite number")
+    if positive and value <= 0:
+        _raise(err, field, value, "a number > 0")
+    if minimum is not None and value < minimum:
+        _raise(err, field, value, f"a number >= {minimum:g}")
+    if maximum is not None and value > maximum:
+        _raise(err, field, value, f"a number <= {maximum:g}")
+    return value
+
+
+def boolean(field: str, value: Any, *, err: type[SpecError] = SpecError) -> bool:
+    if not isinstance(value, bool):
+        _raise(err, field, value, "true or false")
+    return bool(value)
+
+
+def string(field: str, value: Any, *, err: type[SpecError] = SpecError) -> str:
+    if not isinstance(value, str) or not value.strip():
+        _raise(err, field, value, "a non-empty string")
+    return str(value).strip()
+
+
+def choice(
+    field: str, value: Any, options: Iterable[str], *, err: type[SpecError] = SpecError
+) -> str:
+    opts = list(options)
+    if not isinstance(value, str) or value.lower() not in opts:
+        _raise(err, field, value, "one of " + ", ".join(repr(o) for o in opts))
+    return str(value).lower()
+
+
+def mapping(field: str, value: Any, *, err: type[SpecError] = SpecError) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        _raise(err, field, value, "a mapping (an object of key: value pairs)")
+    return value
+
+
+def known_keys(
+    where: str,
+    data: Mapping[str, Any],
+    allowed: Iterable[str],
+    required: Iterable[str] = (),
+    *,
+    err: type[SpecError] = SpecError,
+) -> None:
+    """Reject unknown keys (with a suggestion) and missing required keys."""
+    allowed = list(allowed)
+    for key in data:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            msg = f"{where}: unknown field {key!r}{hint} (known: {', '.join(allowed)})"
+            raise err(msg)
+    for key in required:
+        if key not in data:
+            msg = f"{where}: missing required field {key!r}"
+            raise err(msg)
+
+
+def suggest(name: str, options: Iterable[str]) -> str:
+    """' (did you mean X?)' for the closest option, or ''."""
+    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.5)
+    if not close:
+        lowered = {o.lower(): o for o in options}
+        if name.lower() in lowered:
+            close = [lowered[name.lower()]]
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,0 +1,80 @@
+"""CostParams: every constant of the analytic cost model, named, with its default.
+
+The formulas that use them are in docs/cost-model.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from . import _validate as v
+from ._native import core
+from .errors import SpecError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostParams:
+    """Constants of the cost model."""
+
+    efficiency: float = 0.45
+    """Achieved fraction of peak FLOP/s for a GPU type that gives no ``efficiency``
+    (Megatron-LM reports 44-52% on A100 for GPT models of 1-175B)."""
+    bytes_per_weight: float = 2.0
+    """bf16 weights."""
+    bytes_per_grad: float = 2.0
+    """bf16 gradients; 4 for fp32 gradient accumulation as Megatron-LM does."""
+    zero1: bool = False
+    """Shard optimizer states over the data-parallel replicas (ZeRO stage 1)."""
+    flash_attention: bool = True
+    """Attention without materialised scores: drops the ``5 a s / h`` activation term."""
+    dropout_masks: bool = True
+    """Count the 1-byte dropout masks of Korthikanti et al.; off for dropout-free models."""
+    bytes_per_activation: float = 2.0
+    """bf16 activations and pipeline messages."""
+    bytes_per_logit: float = 4.0
+    """fp32 logits of one micro-batch held on the last stage for the loss."""
+    reserved_gb: float = 1.5
+    """Memory per GPU that training cannot use: CUDA context, NCCL buffers."""
+    memory_reserve_fraction: float = 0.05
+    """Fraction of memory lost to allocator fragmentation."""
+    link_efficiency: float = 0.8
+    """Achieved fraction of a link's nominal bandwidth."""
+    link_latency_s: float = 1e-5
+    """Latency of one message (per ring step in collectives)."""
+    optimizer_step_bytes_per_param: float = 28.0
+    """Memory traffic of one Adam step per parameter: read fp32 master, m, v and bf16 grad
+    (14 B), write master, m, v and bf16 weight (14 B)."""
+    memory_bandwidth_efficiency: float = 0.8
+    """Achieved fraction of device-memory bandwidth in the optimizer step."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            val = getattr(self, f.name)
+            if f.type in ("bool", bool):
+                v.boolean(f"cost_model.{f.name}", val)
+            else:
+                object.__setattr__(self, f.name, v.number(f"cost_model.{f.name}", val))
+        try:
+            core.validate_cost_params(self._core())
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
+
+    def _core(self) -> Any:
+        c = core.CostParams()
+        for f in fields(self):
+            setattr(c, f.name, getattr(self, f.name))
+        return c
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CostParams:
+        data = v.mapping("cost_model", data)
+        v.known_keys("cost_model", data, [f.name for f in fields(cls)])
+        return cls(**dict(data))
+
+    def to_dict(self, *, only_changed: bool = False) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if only_changed:
+            default = CostParams()
+            out = {k: val for k, val in out.items() if getattr(default, k) != val}
+        return out

@@ -1,0 +1,299 @@
+"""estimate(): time, memory and cost of any plan under the analytic cost model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from . import _validate as v
+from ._native import core
+from .catalog import Catalog
+from .cost import CostParams
+from .errors import PlanError, SpecError
+from .plan import Plan
+
+GB = 1e9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageEstimate:
+    """Time and per-GPU memory of one stage."""
+
+    index: int
+    gpu: str
+    tp: int
+    layers: tuple[int, int]
+    fwd_s: float
+    """Forward time of one micro-batch."""
+    bwd_s: float
+    """Backward time of one micro-batch (recomputation included)."""
+    time_s: float
+    """Compute seconds per iteration: ``num_microbatches * (fwd_s + bwd_s)``."""
+    weights_gb: float
+    grads_gb: float
+    optimizer_gb: float
+    activations_gb: float
+    """Activations stashed for the micro-batches in flight."""
+    transient_gb: float
+    """Working memory: one block's activations under recomputation, the last stage's logits."""
+    memory_gb: float
+    """Peak memory per GPU: the sum of the five above."""
+    capacity_gb: float
+    """Usable memory per GPU after the head-room."""
+    headroom_gb: float
+    """``capacity_gb - memory_gb``; negative when the stage does not fit."""
+    in_flight: int
+    """Micro-batches whose activations the stage holds at its peak."""
+    send_s: float
+    """Activation transfer to the next stage (0 for the last)."""
+    send_intra_node: bool
+    dp_allreduce_s: float
+    optimizer_step_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["layers"] = list(self.layers)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> StageEstimate:
+        data = dict(v.mapping("estimate.stages[]", data, err=PlanError))
+        v.known_keys("estimate.stages[]", data, [f.name for f in fields(cls)],
+                     [f.name for f in fields(cls)], err=PlanError)
+        data["layers"] = tuple(data["layers"])
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    """What a plan costs and whether it works. ``reasons`` explains infeasibility."""
+
+    iteration_s: float
+    """Seconds per optimizer step: pipeline + DP all-reduce + optimizer step."""
+    total_hours: float
+    hourly_usd: float
+    total_usd: float
+    stage_time_s: tuple[float, ...]
+    """Compute seconds each stage spends per iteration."""
+    stage_memory_gb: tuple[float, ...]
+    """Peak memory per GPU of each stage."""
+    feasible: bool
+    """Every stage fits in memory, availability holds, the layers are covered exactly."""
+    meets_deadline: bool
+    iterations: int
+    deadline_hours: float
+    pipeline_s: float
+    """Makespan of the schedule's event simulation."""
+    dp_allreduce_s: float
+    optimizer_step_s: float
+    closed_form_s: float
+    """``sum(f+b) + (M-1) max(f+b)``, the classic pipeline formula, for comparison."""
+    bubble_fraction: float
+    """Idle share of the pipeline: ``1 - sum(busy) / (P * pipeline_s)``."""
+    bottleneck_stage: int
+    """The stage with the largest per-micro-batch ``fwd + bwd``."""
+    mfu: float
+    """Model FLOPs per second over the peak of all rented GPUs."""
+    tokens_per_s: float
+    gpus: dict[str, int]
+    stages: tuple[StageEstimate, ...]
+    reasons: tuple[str, ...]
+    """Why the plan is infeasible, in words (empty when feasible)."""
+
+    @property
+    def bottleneck(self) -> StageEstimate:
+        return self.stages[self.bottleneck_stage]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            val = getattr(self, f.name)
+            if f.name == "stages":
+                val = [s.to_dict() for s in val]
+            elif isinstance(val, tuple):
+                val = list(val)
+            elif isinstance(val, dict):
+                val = dict(val)
+            out[f.name] = val
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Estimate:
+        data = dict(v.mapping("estimate", data, err=PlanError))
+        names = [f.name for f in fields(cls)]
+        v.known_keys("estimate", data, names, names, err=PlanError)
+        data["stages"] = tuple(StageEstimate.from_dict(s) for s in data["stages"])
+        for key in ("stage_time_s", "stage_memory_gb", "reasons"):
+            data[key] = tuple(data[key])
+        return cls(**data)
+
+
+def _workload(plan: Plan) -> Any:
+    job = plan.job
+    w = core.Workload()
+    w.seq_len = job.seq_len
+    w.micro_batch_size = plan.micro_batch_size
+    w.num_microbatches = plan.num_microbatches
+    w.dp = plan.dp
+    w.global_batch_size = job.global_batch_size
+    w.schedule = core.Schedule.GPIPE if plan.schedule == "gpipe" else core.Schedule.ONE_F_ONE_B
+    w.recompute = core.Recompute.FULL if plan.recompute == "full" else core.Recompute.NONE
+    w.optimizer_bytes_per_param = job.optimizer_state_bytes
+    w.iterations = float(job.num_iterations)
+    w.deadline_hours = job.deadline_hours
+    return w
+
+
+def _range(layers: tuple[int, int]) -> str:
+    return f"[{layers[0]}, {layers[1]})"
+
+
+def _reason(issue: Any, plan: Plan, names: list[str], res: Any, catalog: Catalog) -> str:
+    kind = core.IssueKind
+    k = issue.kind
+    if issue.stage >= 0:
+        st = plan.stages[issue.stage]
+        where = f"stage {issue.stage} ({st.gpu}, tp {st.tp}, layers {_range(st.layers)})"
+    else:
+        where = "the plan"
+    L = plan.job.model.num_layers
+    if k == kind.OUT_OF_MEMORY:
+        g = catalog[names[issue.gpu]]
+        over = (issue.value - issue.limit) / GB
+        return (
+            f"{where} needs {issue.value / GB:.1f} GB per GPU but {issue.limit / GB:.1f} GB is "
+            f"usable on a {g.memory_gb:g} GB {g.name} after head-room: {over:.1f} GB over"
+        )
+    if k == kind.AVAILABILITY:
+        name = names[issue.gpu]
+        return (
+            f"the plan rents {issue.value:.0f} x {name} (dp {plan.dp} x tp summed over its "
+            f"stages) but the catalog has {issue.limit:.0f}"
+        )
+    if k == kind.LAYERS_NOT_COVERED:
+        if issue.stage == plan.num_stages - 1 and issue.limit == L and issue.value != L:
+            if issue.value < L:
+                return (
+                    f"layers [{issue.value:.0f}, {L}) are held by no stage "
+                    f"(the model has {L} blocks)"
+                )
+            return (
+                f"the stages reach layer {issue.value:.0f} but the model has only {L} blocks"
+            )
+        return (
+            f"layers [{issue.value:.0f}, {issue.limit:.0f}) are held by no stage: {where} "
+            f"starts at {issue.limit:.0f}"
+        )
+    if k == kind.LAYERS_OVERLAP:
+        return (
+            f"{where} starts at layer {issue.value:.0f} but earlier stages already hold layers "
+            f"up to {issue.limit:.0f}: layers [{issue.value:.0f}, {issue.limit:.0f}) are held twice"
+        )
+    if k == kind.EMPTY_STAGE:
+        return f"{where} holds no transformer block"
+    if k == kind.TP_EXCEEDS_NODE:
+        g = catalog[names[issue.gpu]]
+        return (
+            f"{where}: tp {issue.value:.0f} exceeds the {issue.limit:.0f} GPUs of a {g.name} "
+            "node; a tensor-parallel group must live inside one node"
+        )
+    if k == kind.TP_NOT_DIVISOR:
+        return (
+            f"{where}: tp {issue.value:.0f} does not divide the model's {issue.what} "
+            f"({issue.limit:.0f})"
+        )
+    if k == kind.BATCH_MISMATCH:
+        return (
+            f"dp {plan.dp} x micro_batch_size {plan.micro_batch_size} x num_microbatches "
+            f"{plan.num_microbatches} = {issue.value:.0f} sequences per step, but the job's "
+            f"global batch is {issue.limit:.0f}"
+        )
+    return f"{where}: {k.name}"  # pragma: no cover - every kind is handled above
+
+
+def estimate(plan: Plan, catalog: Catalog | None = None, *,
+             cost_model: CostParams | None = None) -> Estimate:
+    """Estimate time, memory and cost of ``plan`` on ``catalog`` (the built-in one by default).
+
+    Parameters
+    ----------
+    plan
+        Any plan, e.g. ``Plan.from_json(path)``; it need not be feasible.
+    catalog
+        GPU types the stages name; ``Catalog.builtin()`` when omitted.
+    cost_model
+        Constants of the cost model; the plan's own (``plan.cost_model``) when omitted.
+
+    Returns
+    -------
+    Estimate
+        Per-stage time and memory, iteration seconds, total hours and USD, ``feasible``,
+        ``meets_deadline`` and, for an infeasible plan, every reason in words.
+
+    Raises
+    ------
+    CatalogError
+        A stage names a GPU type the catalog does not have.
+    """
+    if not isinstance(plan, Plan):
+        msg = f"estimate: expected a Plan, got {type(plan).__name__}"
+        raise PlanError(msg)
+    catalog = Catalog.builtin() if catalog is None else catalog
+    params = plan.cost_model if cost_model is None else cost_model
+    # Only the GPU types the plan uses travel to the core.
+    names: list[str] = []
+    for st in plan.stages:
+        catalog.index(st.gpu)
+        if st.gpu not in names:
+            names.append(st.gpu)
+    specs = [catalog[n]._spec() for n in names]
+    core_stages = [
+        core.StageSpec(names.index(st.gpu), st.tp, st.layers[0], st.layers[1])
+        for st in plan.stages
+    ]
+    try:
+        res = core.estimate(plan.job.model._dims(), specs, params._core(), _workload(plan),
+                            core_stages)
+    except ValueError as exc:  # the core's own boundary checks
+        raise SpecError(f"estimate: {exc}") from None
+
+    stages = []
+    M = plan.num_microbatches
+    for i, (st, se) in enumerate(zip(plan.stages, res.stages)):
+        stages.append(StageEstimate(
+            index=i, gpu=st.gpu, tp=st.tp, layers=st.layers,
+            fwd_s=se.fwd_s, bwd_s=se.bwd_s, time_s=M * (se.fwd_s + se.bwd_s),
+            weights_gb=se.weights_bytes / GB, grads_gb=se.grads_bytes / GB,
+            optimizer_gb=se.optimizer_bytes / GB, activations_gb=se.activation_bytes / GB,
+            transient_gb=se.transient_bytes / GB, memory_gb=se.memory_bytes / GB,
+            capacity_gb=se.capacity_bytes / GB,
+            headroom_gb=(se.capacity_bytes - se.memory_bytes) / GB,
+            in_flight=se.in_flight, send_s=se.send_s, send_intra_node=se.send_intra_node,
+            dp_allreduce_s=se.dp_allreduce_s, optimizer_step_s=se.optimizer_step_s,
+        ))
+    peak = sum(catalog[n].bf16_tflops * 1e12 * c for n, c in zip(names, res.gpus_used))
+    reasons = tuple(_reason(i, plan, names, res, catalog) for i in res.issues)
+    job = plan.job
+    return Estimate(
+        iteration_s=res.iteration_s,
+        total_hours=res.total_hours,
+        hourly_usd=res.hourly_usd,
+        total_usd=res.total_usd,
+        stage_time_s=tuple(s.time_s for s in stages),
+        stage_memory_gb=tuple(s.memory_gb for s in stages),
+        feasible=res.feasible,
+        meets_deadline=res.meets_deadline,
+        iterations=job.num_iterations,
+        deadline_hours=job.deadline_hours,
+        pipeline_s=res.pipeline_s,
+        dp_allreduce_s=res.dp_allreduce_s,
+        optimizer_step_s=res.optimizer_step_s,
+        closed_form_s=res.closed_form_s,
+        bubble_fraction=res.bubble_fraction,
+        bottleneck_stage=res.bottleneck_stage,
+        mfu=res.model_flops_per_iteration / (res.iteration_s * peak) if peak > 0 else 0.0,
+        tokens_per_s=job.global_batch_size * job.seq_len / res.iteration_s,
+        gpus=dict(zip(names, res.gpus_used)),
+        stages=tuple(stages),
+        reasons=reasons,
+    )

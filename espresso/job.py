@@ -1,0 +1,140 @@
+"""Job: what to train, on how much data, by when."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import _validate as v
+from .errors import JobError, ModelError
+from .model import ModelSpec
+from .units import parse_count, parse_hours
+
+OPTIMIZER_STATE_BYTES = {
+    "adam": 12.0,  # fp32 master weights + Adam m and v
+    "adamw": 12.0,
+    "sgd": 8.0,  # fp32 master weights + momentum
+}
+"""Optimizer-state bytes per parameter under bf16 mixed precision."""
+
+_FIELDS = ("model", "seq_len", "global_batch_size", "tokens", "iterations", "deadline_hours",
+           "optimizer")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """A training job: model, batch shape, length, deadline."""
+
+    model: ModelSpec
+    """The model (``ModelSpec.preset('llama2-7b')``, ``ModelSpec.load(...)``)."""
+    seq_len: int
+    """Sequence length in tokens."""
+    global_batch_size: int
+    """Sequences per optimizer step."""
+    deadline_hours: float
+    """Wall-clock limit for the whole job, in hours."""
+    tokens: int | None = None
+    """Training tokens; give this or ``iterations``."""
+    iterations: int | None = None
+    """Optimizer steps; give this or ``tokens``."""
+    optimizer: str = "adam"
+    """``adam``/``adamw`` (12 state bytes per parameter) or ``sgd`` (8)."""
+
+    def __post_init__(self) -> None:
+        err = JobError
+        set_ = object.__setattr__
+        if not isinstance(self.model, ModelSpec):
+            msg = f"job.model: expected a ModelSpec, got {type(self.model).__name__}"
+            raise JobError(msg)
+        set_(self, "seq_len",
+             v.integer("job.seq_len", self.seq_len, minimum=1, maximum=1 << 24, err=err))
+        set_(self, "global_batch_size",
+             v.integer("job.global_batch_size", self.global_batch_size, minimum=1,
+                       maximum=1 << 24, err=err))
+        set_(self, "deadline_hours",
+             v.number("job.deadline_hours", self.deadline_hours, positive=True, err=err))
+        if (self.tokens is None) == (self.iterations is None):
+            msg = (
+                "job: give exactly one of tokens or iterations, got "
+                f"tokens={self.tokens!r} and iterations={self.iterations!r}"
+            )
+            raise JobError(msg)
+        if self.tokens is not None:
+            set_(self, "tokens",
+                 v.integer("job.tokens", self.tokens, minimum=1, maximum=1 << 62, err=err))
+        if self.iterations is not None:
+            set_(self, "iterations",
+                 v.integer("job.iterations", self.iterations, minimum=1, maximum=1 << 40,
+                           err=err))
+        set_(self, "optimizer",
+             v.choice("job.optimizer", self.optimizer, OPTIMIZER_STATE_BYTES, err=err))
+
+    @property
+    def num_iterations(self) -> int:
+        """Optimizer steps: ``iterations``, or ``ceil(tokens / (global_batch_size * seq_len))``."""
+        if self.iterations is not None:
+            return self.iterations
+        assert self.tokens is not None
+        return math.ceil(self.tokens / (self.global_batch_size * self.seq_len))
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_iterations * self.global_batch_size * self.seq_len
+
+    @property
+    def optimizer_state_bytes(self) -> float:
+        return OPTIMIZER_STATE_BYTES[self.optimizer]
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Job:
+        """Build from the job contract; the model may be a preset name, a path or inline.
+        Human units are accepted: ``deadline: 7d``, ``tokens: 20B``."""
+        data = dict(v.mapping("job", data, err=JobError))
+        if "deadline" in data and "deadline_hours" not in data:
+            data["deadline_hours"] = data.pop("deadline")
+        v.known_keys("job", data, _FIELDS, ("model", "seq_len", "global_batch_size",
+                                            "deadline_hours"), err=JobError)
+        model_ref = data.pop("model")
+        if isinstance(model_ref, ModelSpec):
+            model = model_ref
+        elif isinstance(model_ref, (str, dict)):
+            model = ModelSpec.load(model_ref)
+        else:
+            msg = f"job.model: expected a preset name, a file path or a mapping, got {model_ref!r}"
+            raise ModelError(msg)
+        data["deadline_hours"] = parse_hours(data["deadline_hours"], "job.deadline_hours")
+        for key in ("tokens", "iterations"):
+            if data.get(key) is not None:
+                data[key] = parse_count(data[key], f"job.{key}")
+        return cls(model=model, **data)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "model": self.model.to_dict(),
+            "seq_len": self.seq_len,
+            "global_batch_size": self.global_batch_size,
+        }
+        if self.tokens is not None:
+            out["tokens"] = self.tokens
+        if self.iterations is not None:
+            out["iterations"] = self.iterations
+        out["deadline_hours"] = self.deadline_hours
+        out["optimizer"] = self.optimizer
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> Job:
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            msg = f"job: no such file {str(path)!r}"
+            raise JobError(msg) from None
+        except yaml.YAMLError as exc:
+            msg = f"job: cannot parse {str(path)!r}: {exc}"
+            raise JobError(msg) from None
+        return cls.from_dict(data)

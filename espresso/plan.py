@@ -1,0 +1,255 @@
+"""Plan and Stage: a pipeline-parallel arrangement of GPUs, and its JSON contract."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import _validate as v
+from .cost import CostParams
+from .errors import PlanError, SpecError
+from .job import Job
+
+if TYPE_CHECKING:
+    from .estimate import Estimate
+
+SCHEMA = "espresso.plan/1"
+SCHEDULES = ("1f1b", "gpipe")
+RECOMPUTE = ("none", "full")
+MAX_STAGES = 1024
+MAX_MICROBATCHES = 1 << 20
+
+_PLAN_KEYS = ("schema", "job", "dp", "micro_batch_size", "num_microbatches", "schedule",
+              "recompute", "stages", "gpus", "estimate", "cost_model", "stats")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stage:
+    """One pipeline stage: a GPU type, its tensor-parallel width and its blocks."""
+
+    gpu: str
+    """GPU type name in the catalog."""
+    tp: int = 1
+    """Tensor-parallel width (GPUs of the stage in one replica, inside one node)."""
+    layers: tuple[int, int]
+    """Half-open range ``[begin, end)`` of transformer blocks. Stage 0 also holds the
+    embedding; the last stage the final norm, LM head and loss."""
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "gpu", v.string("stage.gpu", self.gpu, err=PlanError))
+        set_(self, "tp", v.integer("stage.tp", self.tp, minimum=1, maximum=1024, err=PlanError))
+        layers = self.layers
+        if not isinstance(layers, (list, tuple)) or len(layers) != 2:
+            msg = f"stage.layers: expected [begin, end], got {layers!r}"
+            raise PlanError(msg)
+        begin = v.integer("stage.layers[0]", layers[0], minimum=0, maximum=100_000, err=PlanError)
+        end = v.integer("stage.layers[1]", layers[1], minimum=0, maximum=100_000, err=PlanError)
+        set_(self, "layers", (begin, end))
+
+    @property
+    def num_layers(self) -> int:
+        return max(0, self.layers[1] - self.layers[0])
+
+    @classmethod
+    def from_dict(cls, data: Any, index: int = 0) -> Stage:
+        data = v.mapping(f"stages[{index}]", data, err=PlanError)
+        v.known_keys(f"stages[{index}]", data, ("gpu", "tp", "layers"), ("gpu", "layers"),
+                     err=PlanError)
+        try:
+            return cls(**dict(data))
+        except PlanError as exc:
+            msg = str(exc).replace("stage.", f"stages[{index}].", 1)
+            raise PlanError(msg) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "tp": self.tp, "layers": list(self.layers)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """A training plan: the job, the stages and how batches flow through them."""
+
+    job: Job
+    """The job the plan runs."""
+    stages: tuple[Stage, ...]
+    """Pipeline stages in order."""
+    dp: int = 1
+    """Data-parallel replicas of the whole pipeline."""
+    micro_batch_size: int = 1
+    """Sequences per micro-batch."""
+    num_microbatches: int
+    """Micro-batches per replica per step; ``dp * micro_batch_size * num_microbatches``
+    must equal the job's global batch."""
+    schedule: str = "1f1b"
+    """``1f1b`` (PipeDream-flush) or ``gpipe``."""
+    recompute: str = "none"
+    """Activation recomputation: ``none`` or ``full``."""
+    cost_model: CostParams = field(default_factory=CostParams)
+    """Constants of the cost model the plan is estimated with."""
+    estimate: Estimate | None = None
+    """The cost model's estimate, when attached (``plan.with_estimate()``)."""
+    stats: dict[str, Any] | None = None
+    """Search statistics, for plans the search produced."""
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if not isinstance(self.job, Job):
+            msg = f"plan.job: expected a Job, got {type(self.job).__name__}"
+            raise PlanError(msg)
+        stages = tuple(self.stages) if isinstance(self.stages, (list, tuple)) else None
+        if not stages:
+            msg = f"plan.stages: expected a non-empty list of stages, got {self.stages!r}"
+            raise PlanError(msg)
+        if len(stages) > MAX_STAGES:
+            msg = f"plan.stages: at most {MAX_STAGES} stages are supported, got {len(stages)}"
+            raise PlanError(msg)
+        for i, st in enumerate(stages):
+            if not isinstance(st, Stage):
+                msg = f"plan.stages[{i}]: expected a Stage, got {type(st).__name__}"
+                raise PlanError(msg)
+        set_(self, "stages", stages)
+        set_(self, "dp", v.integer("plan.dp", self.dp, minimum=1, maximum=1 << 20, err=PlanError))
+        set_(self, "micro_batch_size",
+             v.integer("plan.micro_batch_size", self.micro_batch_size, minimum=1,
+                       maximum=1 << 24, err=PlanError))
+        set_(self, "num_microbatches",
+             v.integer("plan.num_microbatches", self.num_microbatches, minimum=1,
+                       maximum=MAX_MICROBATCHES, err=PlanError))
+        if len(stages) * self.num_microbatches > 1 << 22:
+            msg = (
+                f"plan: {len(stages)} stages x {self.num_microbatches} micro-batches is beyond "
+                f"what the pipeline simulation supports (at most {1 << 22})"
+            )
+            raise PlanError(msg)
+        set_(self, "schedule", v.choice("plan.schedule", self.schedule, SCHEDULES, err=PlanError))
+        set_(self, "recompute",
+             v.choice("plan.recompute", self.recompute, RECOMPUTE, err=PlanError))
+        if not isinstance(self.cost_model, CostParams):
+            msg = f"plan.cost_model: expected CostParams, got {type(self.cost_model).__name__}"
+            raise PlanError(msg)
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def gpus(self) -> dict[str, int]:
+        """GPUs rented per type: ``dp * sum(tp)`` over the stages of that type."""
+        out: dict[str, int] = {}
+        for st in self.stages:
+            out[st.gpu] = out.get(st.gpu, 0) + st.tp * self.dp
+        return out
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(self.gpus.values())
+
+    def with_estimate(self, catalog: Any = None) -> Plan:
+        """A copy with ``estimate`` filled in by :func:`espresso.estimate`."""
+        from .estimate import estimate
+
+        return replace(self, estimate=estimate(self, catalog))
+
+    # ------------------------------------------------------------------ I/O
+    @classmethod
+    def from_dict(cls, data: Any) -> Plan:
+        """Read the plan contract (``"schema": "espresso.plan/1"``)."""
+        from .estimate import Estimate
+
+        data = v.mapping("plan", data, err=PlanError)
+        v.known_keys("plan", data, _PLAN_KEYS, ("job", "stages"), err=PlanError)
+        schema = data.get("schema", SCHEMA)
+        if schema != SCHEMA:
+            msg = f"plan.schema: expected {SCHEMA!r}, got {schema!r}"
+            raise PlanError(msg)
+        try:
+            job = Job.from_dict(data["job"])
+        except SpecError as exc:
+            msg = f"plan.job: {exc}"
+            raise PlanError(msg) from None
+        raw_stages = data["stages"]
+        if not isinstance(raw_stages, list) or not raw_stages:
+            msg = f"plan.stages: expected a non-empty list of stages, got {raw_stages!r}"
+            raise PlanError(msg)
+        stages = tuple(Stage.from_dict(s, i) for i, s in enumerate(raw_stages))
+        dp = data.get("dp", 1)
+        mbs = data.get("micro_batch_size", 1)
+        m = data.get("num_microbatches")
+        if m is None:
+            dp_i = v.integer("plan.dp", dp, minimum=1, err=PlanError)
+            mbs_i = v.integer("plan.micro_batch_size", mbs, minimum=1, err=PlanError)
+            if job.global_batch_size % (dp_i * mbs_i):
+                msg = (
+                    "plan.num_microbatches: missing, and cannot be derived: global batch "
+                    f"{job.global_batch_size} is not a multiple of dp {dp_i} x micro_batch_size "
+                    f"{mbs_i}"
+                )
+                raise PlanError(msg)
+            m = job.global_batch_size // (dp_i * mbs_i)
+        cost = CostParams.from_dict(data["cost_model"]) if "cost_model" in data else CostParams()
+        est = Estimate.from_dict(data["estimate"]) if data.get("estimate") else None
+        plan = cls(job=job, stages=stages, dp=dp, micro_batch_size=mbs, num_microbatches=m,
+                   schedule=data.get("schedule", "1f1b"), recompute=data.get("recompute", "none"),
+                   cost_model=cost, estimate=est, stats=data.get("stats"))
+        if "gpus" in data:
+            given = v.mapping("plan.gpus", data["gpus"], err=PlanError)
+            if dict(given) != plan.gpus:
+                msg = (
+                    f"plan.gpus: says {dict(given)} but the stages with dp {plan.dp} use "
+                    f"{plan.gpus} (gpus is derived: dp x tp summed per type; fix or drop it)"
+                )
+                raise PlanError(msg)
+        return plan
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema": SCHEMA,
+            "job": self.job.to_dict(),
+            "dp": self.dp,
+            "micro_batch_size": self.micro_batch_size,
+            "num_microbatches": self.num_microbatches,
+            "schedule": self.schedule,
+            "recompute": self.recompute,
+            "stages": [s.to_dict() for s in self.stages],
+            "gpus": self.gpus,
+        }
+        changed = self.cost_model.to_dict(only_changed=True)
+        if changed:
+            out["cost_model"] = changed
+        if self.estimate is not None:
+            out["estimate"] = self.estimate.to_dict()
+        if self.stats is not None:
+            out["stats"] = self.stats
+        return out
+
+    def to_json(self, path: str | Path | None = None, *, indent: int = 2) -> str:
+        """The plan as JSON text; also written to ``path`` when given."""
+        text = json.dumps(self.to_dict(), indent=indent) + "\n"
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_json(cls, source: str | Path) -> Plan:
+        """Read a plan from a JSON file path (or JSON text starting with ``{``)."""
+        text = str(source)
+        if not text.lstrip().startswith("{"):
+            path = Path(source)
+            try:
+                text = path.read_text()
+            except FileNotFoundError:
+                msg = f"plan: no such file {str(path)!r}"
+                raise PlanError(msg) from None
+            except OSError as exc:
+                msg = f"plan: cannot read {str(path)!r}: {exc}"
+                raise PlanError(msg) from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            msg = f"plan: not valid JSON ({exc})"
+            raise PlanError(msg) from None
+        return cls.from_dict(data)

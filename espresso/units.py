@@ -1,0 +1,71 @@
+"""Human units as users type them: durations (``7d``, ``36h``) and counts (``20B``)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .errors import JobError
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_HOURS_PER_UNIT = {
+    "": 1.0,
+    "s": 1 / 3600,
+    "sec": 1 / 3600,
+    "m": 1 / 60,
+    "min": 1 / 60,
+    "h": 1.0,
+    "hr": 1.0,
+    "d": 24.0,
+    "day": 24.0,
+    "days": 24.0,
+    "w": 168.0,
+    "wk": 168.0,
+}
+_COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT]?)\s*$")
+_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+
+
+def parse_hours(value: str | float | int, field: str = "deadline") -> float:
+    """Hours from a number (already hours) or a string like ``7d``, ``36h``, ``90m``, ``3600s``."""
+    if isinstance(value, bool):
+        msg = f"{field}: expected a duration such as 48, '36h' or '7d', got {value!r}"
+        raise JobError(msg)
+    if isinstance(value, (int, float)):
+        hours = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        unit = match.group(2).lower() if match else ""
+        if not match or unit not in _HOURS_PER_UNIT:
+            msg = (
+                f"{field}: expected a duration such as 48 (hours), '36h', '7d', '90m' or "
+                f"'3600s', got {value!r}"
+            )
+            raise JobError(msg)
+        hours = float(match.group(1)) * _HOURS_PER_UNIT[unit]
+    if not math.isfinite(hours) or hours <= 0:
+        msg = f"{field}: expected a positive duration, got {value!r}"
+        raise JobError(msg)
+    return hours
+
+
+def parse_count(value: str | float | int, field: str = "tokens") -> int:
+    """A positive whole count from ``2e10``, ``20B``, ``500M``, ``1.5T`` or a number."""
+    if isinstance(value, bool):
+        msg = f"{field}: expected a count such as 2e10 or '20B', got {value!r}"
+        raise JobError(msg)
+    if isinstance(value, (int, float)):
+        count = float(value)
+    else:
+        match = _COUNT.match(str(value))
+        if not match:
+            msg = f"{field}: expected a count such as 2e10, '20B', '500M' or '1.5T', got {value!r}"
+            raise JobError(msg)
+        count = float(match.group(1)) * _SCALE[match.group(2).lower()]
+    if not math.isfinite(count) or count < 1:
+        msg = f"{field}: expected a count >= 1, got {value!r}"
+        raise JobError(msg)
+    if count > 2**62:
+        msg = f"{field}: {value!r} is too large (at most {2**62:.3g})"
+        raise JobError(msg)
+    return int(round(count))
