@@ -166,8 +166,10 @@ PipelineResult simulate_pipeline(const std::vector<double>& fwd_s,
         r.busy_s[si] = static_cast<double>(M) * (fwd_s[si] + bwd_s[si]);
         busy_total += r.busy_s[si];
     }
-    r.bubble_fraction =
-        r.makespan_s > 0 ? 1.0 - busy_total / (static_cast<double>(P) * r.makespan_s) : 0.0;
+    // Clamped: rounding can push an idle-free pipeline a hair below zero.
+    r.bubble_fraction = r.makespan_s > 0
+                            ? std::max(0.0, 1.0 - busy_total / (static_cast<double>(P) * r.makespan_s))
+                            : 0.0;
     return r;
 }
 

@@ -1,0 +1,166 @@
+"""The cost model against hand calculations (every number below is worked out in the
+comments from the formulas of docs/cost-model.md, not taken from the code)."""
+
+from __future__ import annotations
+
+import pytest
+
+import espresso as es
+from espresso import _core
+
+from _helpers import make_plan
+
+# Tiny model (conftest): h=64, a=4, kv dim 32, f=128 SwiGLU, V=100; micro-batch b=2, s=8.
+BLOCK_PARAMS = 36992                        # 12288 attention + 24576 MLP + 128 norms
+BLOCK_FWD = 2 * 16 * 36864 + 4 * 2 * 64 * 64  # 1,212,416 FLOPs
+HEAD_FWD = 2 * 16 * 64 * 100                # 204,800 FLOPs
+# Activations per block, tp 1, flash attention, dropout masks (bytes):
+#   replicated: QKV in, MLP in, two norm inputs: 4*s*b*h*2 = 8192; masks 2*s*b*h = 2048
+#   split: Q + out-proj input 2*s*b*h*2 = 4096, K and V 2*s*b*32*2 = 2048,
+#          SwiGLU interior 4*s*b*f*2 = 16384, log-sum-exp 4*a*s*b = 256
+BLOCK_ACT = 8192 + 2048 + 4096 + 2048 + 16384 + 256
+
+
+def test_block_activation_bytes_by_hand(tiny_model: es.ModelSpec) -> None:
+    p = es.CostParams()._core()
+    assert _core.block_activation_bytes(tiny_model._dims(), p, 8, 2, 1) == BLOCK_ACT
+    # tp 2 splits everything but the 10240 replicated bytes.
+    assert _core.block_activation_bytes(tiny_model._dims(), p, 8, 2, 2) == (
+        10240 + (BLOCK_ACT - 10240) / 2)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("s", [512, 2048])
+def test_activations_match_korthikanti(tp: int, s: int) -> None:
+    # Korthikanti et al. 2022, eq. 2 (tensor parallel, no sequence parallelism):
+    # s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes for a GPT block (MHA, 4h GeLU MLP, dropout).
+    m = es.ModelSpec(name="gpt", num_layers=1, hidden_size=1024, num_heads=16, vocab_size=10)
+    p = es.CostParams(flash_attention=False, dropout_masks=True)._core()
+    b, h, a = 2, 1024, 16
+    expected = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+    assert _core.block_activation_bytes(m._dims(), p, s, b, tp) == pytest.approx(expected)
+
+
+def test_two_stage_plan_by_hand(tiny_job: es.Job, tiny_catalog: es.Catalog,
+                                exact_links: es.CostParams) -> None:
+    plan = make_plan(tiny_job, [("X", 1, 0, 3), ("Y", 1, 3, 4)], dp=2, micro_batch_size=2,
+                     num_microbatches=4, cost_model=exact_links)
+    est = es.estimate(plan, tiny_catalog)
+    s0, s1 = est.stages
+    # Stage 0 on X (5e8 FLOP/s): 3 blocks. Stage 1 on Y (1e9 FLOP/s): 1 block + LM head.
+    assert s0.fwd_s == pytest.approx(3 * BLOCK_FWD / 5e8)            # 7.274496 ms
+    assert s0.bwd_s == pytest.approx(2 * 3 * BLOCK_FWD / 5e8)        # 14.548992 ms
+    assert s1.fwd_s == pytest.approx((BLOCK_FWD + HEAD_FWD) / 1e9)   # 1.417216 ms
+    assert s1.bwd_s == pytest.approx(2 * (BLOCK_FWD + HEAD_FWD) / 1e9)
+    # Boundary: s*b*h*2 = 2048 bytes over min(1, 0.5) GB/s (different types: network).
+    assert not s0.send_intra_node
+    assert s0.send_s == pytest.approx(2048 / 0.5e9)
+    # 1F1B, P=2, M=4 simulated by hand (ms): stage 0 is never idle, so the makespan is
+    # its busy time 4 * (7.274496 + 14.548992) = 87.293952 ms.
+    assert est.pipeline_s == pytest.approx(0.087293952)
+    # The closed form sum(f+b) + 3*max(f+b) = 21.823488 + 4.251648 + 65.470464 ms is
+    # *above* the simulation: with 1F1B a slow first stage hides the later ones.
+    assert est.closed_form_s == pytest.approx(0.0915456)
+    # DP all-reduce (dp 2, ring: 2*(2-1)/2 * bytes / bw): stage 0 holds 3 blocks + the
+    # embedding = 117376 params -> 234752 grad bytes over 1 GB/s; stage 1 holds 43456 params
+    # -> 86912 bytes over 0.5 GB/s = 173.824 us. The slower one counts.
+    assert s0.dp_allreduce_s == pytest.approx(234752 / 1e9)
+    assert s1.dp_allreduce_s == pytest.approx(86912 / 0.5e9)
+    assert est.dp_allreduce_s == pytest.approx(234752 / 1e9)
+    # Optimizer step: 28 bytes of traffic per parameter at memory bandwidth.
+    assert est.optimizer_step_s == pytest.approx(117376 * 28 / 1e9)
+    assert est.iteration_s == pytest.approx(0.087293952 + 0.000234752 + 0.003286528)
+    # Memory (bytes per GPU): 2 + 2 + 12 bytes per parameter, activations in flight.
+    assert s0.in_flight == 2 and s1.in_flight == 1
+    assert s0.memory_gb * 1e9 == pytest.approx(117376 * 16 + 2 * 3 * BLOCK_ACT)
+    # Last stage: also fp32 logits of one micro-batch, s*b*V*4 = 6400 bytes.
+    assert s1.memory_gb * 1e9 == pytest.approx(43456 * 16 + 1 * BLOCK_ACT + 6400)
+    assert s0.capacity_gb == pytest.approx(4 * 0.95 - 1.5)
+    # Cost: 2 GPUs of X at $2 and 2 of Y at $3; 1000 iterations.
+    assert est.gpus == {"X": 2, "Y": 2}
+    assert est.hourly_usd == pytest.approx(10.0)
+    assert est.total_hours == pytest.approx(1000 * 0.090815232 / 3600)
+    assert est.total_usd == pytest.approx(10.0 * 1000 * 0.090815232 / 3600)
+    assert est.feasible and est.meets_deadline
+    assert est.bottleneck_stage == 0
+    # bubble: 1 - (87.293952 + 17.006592) / (2 * 87.293952)
+    assert est.bubble_fraction == pytest.approx(1 - (0.087293952 + 0.017006592) / 0.174587904)
+
+
+def test_tensor_parallel_time_and_memory(tiny_job: es.Job, tiny_catalog: es.Catalog,
+                                         exact_links: es.CostParams) -> None:
+    plan = make_plan(tiny_job, [("X", 2, 0, 4)], dp=1, micro_batch_size=2, num_microbatches=8,
+                     cost_model=exact_links)
+    (s0,) = es.estimate(plan, tiny_catalog).stages
+    # Compute splits over 2 GPUs; each block adds 2 all-reduces of s*b*h*2 = 2048 bytes
+    # forward (ring over 2: 2*(1/2)*2048 / 10 GB/s = 204.8 ns) and 2 backward.
+    ar = 2048 / 10e9
+    flops = 4 * BLOCK_FWD + HEAD_FWD
+    assert s0.fwd_s == pytest.approx(flops / (2 * 5e8) + 4 * 2 * ar)
+    assert s0.bwd_s == pytest.approx(2 * flops / (2 * 5e8) + 4 * 2 * ar)
+    # One stage holds everything; parameters split over the 2 TP ranks.
+    params = 4 * BLOCK_PARAMS + 6400 + 6400 + 64
+    act = 10240 + (BLOCK_ACT - 10240) / 2
+    logits = 8 * 2 * 100 * 4 / 2
+    assert s0.memory_gb * 1e9 == pytest.approx(params / 2 * 16 + 1 * 4 * act + logits)
+
+
+def test_full_recomputation(tiny_job: es.Job, tiny_catalog: es.Catalog,
+                            exact_links: es.CostParams) -> None:
+    base = make_plan(tiny_job, [("X", 1, 0, 2), ("X", 1, 2, 4)], micro_batch_size=2,
+                     num_microbatches=8, cost_model=exact_links)
+    full = make_plan(tiny_job, [("X", 1, 0, 2), ("X", 1, 2, 4)], micro_batch_size=2,
+                     num_microbatches=8, cost_model=exact_links, recompute="full")
+    e0, e1 = es.estimate(base, tiny_catalog), es.estimate(full, tiny_catalog)
+    # Recomputation adds one forward of the blocks to the backward ...
+    assert e1.stages[0].bwd_s == pytest.approx(e0.stages[0].bwd_s + 2 * BLOCK_FWD / 5e8)
+    assert e1.stages[0].fwd_s == e0.stages[0].fwd_s
+    # ... and keeps only each block's input (s*b*h*2 = 2048 bytes) per micro-batch in
+    # flight, plus one block's full activations while it is recomputed.
+    assert e1.stages[0].activations_gb * 1e9 == pytest.approx(2 * 2 * 2048)
+    assert e1.stages[0].transient_gb * 1e9 == pytest.approx(BLOCK_ACT)
+    assert e0.stages[0].activations_gb * 1e9 == pytest.approx(2 * 2 * BLOCK_ACT)
+    # Same type, 1 + 1 GPUs fit one 8-GPU node: the boundary uses the intra-node link.
+    assert e0.stages[0].send_intra_node
+    assert e0.stages[0].send_s == pytest.approx(2048 / 10e9)
+
+
+def test_gpipe_holds_every_microbatch(tiny_job: es.Job, tiny_catalog: es.Catalog) -> None:
+    plan = make_plan(tiny_job, [("X", 1, 0, 2), ("Y", 1, 2, 4)], micro_batch_size=2,
+                     num_microbatches=8, schedule="gpipe")
+    est = es.estimate(plan, tiny_catalog)
+    assert [s.in_flight for s in est.stages] == [8, 8]
+    one = es.estimate(make_plan(tiny_job, [("X", 1, 0, 2), ("Y", 1, 2, 4)], micro_batch_size=2,
+                                num_microbatches=8), tiny_catalog)
+    assert [s.in_flight for s in one.stages] == [2, 1]
+    assert est.pipeline_s >= est.closed_form_s
+
+
+def test_zero1_and_fp32_grads(tiny_job: es.Job, tiny_catalog: es.Catalog) -> None:
+    kw = dict(dp=4, micro_batch_size=1, num_microbatches=4)
+    plain = es.estimate(make_plan(tiny_job, [("X", 1, 0, 4)], **kw), tiny_catalog).stages[0]
+    z = es.estimate(make_plan(tiny_job, [("X", 1, 0, 4)], cost_model=es.CostParams(zero1=True),
+                              **kw), tiny_catalog).stages[0]
+    g4 = es.estimate(make_plan(tiny_job, [("X", 1, 0, 4)],
+                               cost_model=es.CostParams(bytes_per_grad=4), **kw),
+                     tiny_catalog).stages[0]
+    assert z.optimizer_gb == pytest.approx(plain.optimizer_gb / 4)
+    assert g4.grads_gb == pytest.approx(plain.grads_gb * 2)
+
+
+def test_sgd_optimizer_bytes(tiny_model: es.ModelSpec, tiny_catalog: es.Catalog) -> None:
+    job = es.Job(model=tiny_model, seq_len=8, global_batch_size=4, iterations=1,
+                 deadline_hours=1, optimizer="sgd")
+    st = es.estimate(make_plan(job, [("X", 1, 0, 4)], num_microbatches=4), tiny_catalog).stages[0]
+    params = 4 * BLOCK_PARAMS + 6400 + 6400 + 64
+    assert st.optimizer_gb * 1e9 == pytest.approx(params * 8)
+
+
+def test_mfu_is_model_flops_over_peak(tiny_job: es.Job, tiny_catalog: es.Catalog,
+                                      exact_links: es.CostParams) -> None:
+    plan = make_plan(tiny_job, [("X", 1, 0, 4)], micro_batch_size=2, num_microbatches=8,
+                     cost_model=exact_links)
+    est = es.estimate(plan, tiny_catalog)
+    flops = 3 * 8 * (4 * BLOCK_FWD + HEAD_FWD)
+    assert est.mfu == pytest.approx(flops / est.iteration_s / 1e9)
+    assert est.mfu < 0.5  # never above the efficiency the compute time assumes

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import pytest
+
+import espresso as es
+
+
+@pytest.mark.parametrize(
+    ("text", "hours"),
+    [("7d", 168.0), ("36h", 36.0), ("90m", 1.5), ("3600s", 1.0), ("2w", 336.0), (48, 48.0),
+     ("1.5d", 36.0), ("100000s", 100000 / 3600), (" 12 h ", 12.0)],
+)
+def test_parse_hours(text: str | int, hours: float) -> None:
+    assert es.parse_hours(text) == pytest.approx(hours)
+
+
+@pytest.mark.parametrize("bad", ["", "7x", "d7", "-3h", 0, -1, "0h", True, "nan", float("inf")])
+def test_parse_hours_rejects(bad: object) -> None:
+    with pytest.raises(es.JobError, match="deadline"):
+        es.parse_hours(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [("2e10", 20_000_000_000), ("20B", 20_000_000_000), ("500M", 500_000_000),
+     ("1.5T", 1_500_000_000_000), ("20k", 20_000), (1000, 1000), (2e10, 20_000_000_000),
+     ("20b", 20_000_000_000)],
+)
+def test_parse_count(text: str | float, count: int) -> None:
+    assert es.parse_count(text) == count
+
+
+@pytest.mark.parametrize("bad", ["", "20X", "B20", "-5", 0, 0.2, True, "1e80"])
+def test_parse_count_rejects(bad: object) -> None:
+    with pytest.raises(es.JobError, match="tokens"):
+        es.parse_count(bad)  # type: ignore[arg-type]
