@@ -1,0 +1,160 @@
+"""Type stubs of the compiled core (csrc/bindings). tests/test_core.py checks the names."""
+
+from enum import Enum
+
+class Schedule(Enum):
+    ONE_F_ONE_B = 0
+    GPIPE = 1
+
+class Recompute(Enum):
+    NONE = 0
+    FULL = 1
+
+class IssueKind(Enum):
+    LAYERS_NOT_COVERED = 0
+    LAYERS_OVERLAP = 1
+    EMPTY_STAGE = 2
+    OUT_OF_MEMORY = 3
+    AVAILABILITY = 4
+    TP_EXCEEDS_NODE = 5
+    TP_NOT_DIVISOR = 6
+    BATCH_MISMATCH = 7
+
+class ModelDims:
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    gated_mlp: bool
+    tied_embeddings: bool
+    position_embeddings: int
+    layernorm: bool
+    linear_bias: bool
+    def __init__(self) -> None: ...
+
+class GpuSpec:
+    memory_gb: float
+    tflops: float
+    mem_bandwidth_gbs: float
+    intra_node_gbs: float
+    inter_node_gbs: float
+    efficiency: float
+    price_per_hour: float
+    count: int
+    gpus_per_node: int
+    def __init__(self) -> None: ...
+
+class CostParams:
+    efficiency: float
+    bytes_per_weight: float
+    bytes_per_grad: float
+    zero1: bool
+    flash_attention: bool
+    dropout_masks: bool
+    bytes_per_activation: float
+    bytes_per_logit: float
+    reserved_gb: float
+    memory_reserve_fraction: float
+    link_efficiency: float
+    link_latency_s: float
+    optimizer_step_bytes_per_param: float
+    memory_bandwidth_efficiency: float
+    def __init__(self) -> None: ...
+
+class Workload:
+    seq_len: int
+    micro_batch_size: int
+    num_microbatches: int
+    dp: int
+    global_batch_size: int
+    schedule: Schedule
+    recompute: Recompute
+    optimizer_bytes_per_param: float
+    iterations: float
+    deadline_hours: float
+    def __init__(self) -> None: ...
+
+class StageSpec:
+    gpu: int
+    tp: int
+    layer_begin: int
+    layer_end: int
+    def __init__(self, gpu: int = ..., tp: int = ..., layer_begin: int = ...,
+                 layer_end: int = ...) -> None: ...
+
+class Issue:
+    @property
+    def kind(self) -> IssueKind: ...
+    @property
+    def stage(self) -> int: ...
+    @property
+    def gpu(self) -> int: ...
+    @property
+    def value(self) -> float: ...
+    @property
+    def limit(self) -> float: ...
+    @property
+    def what(self) -> str: ...
+
+class StageEstimate:
+    num_layers: int
+    params: float
+    fwd_s: float
+    bwd_s: float
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activation_bytes: float
+    transient_bytes: float
+    memory_bytes: float
+    capacity_bytes: float
+    in_flight: int
+    send_s: float
+    send_intra_node: bool
+    dp_allreduce_s: float
+    optimizer_step_s: float
+
+class EstimateResult:
+    stages: list[StageEstimate]
+    gpus_used: list[int]
+    pipeline_s: float
+    dp_allreduce_s: float
+    optimizer_step_s: float
+    iteration_s: float
+    closed_form_s: float
+    bubble_fraction: float
+    bottleneck_stage: int
+    hourly_usd: float
+    total_hours: float
+    total_usd: float
+    model_flops_per_iteration: float
+    feasible: bool
+    meets_deadline: bool
+    issues: list[Issue]
+
+class PipelineResult:
+    makespan_s: float
+    busy_s: list[float]
+    bubble_fraction: float
+
+def block_params(model: ModelDims) -> float: ...
+def embedding_params(model: ModelDims) -> float: ...
+def head_params(model: ModelDims) -> float: ...
+def final_norm_params(model: ModelDims) -> float: ...
+def total_params(model: ModelDims) -> float: ...
+def block_fwd_flops(model: ModelDims, seq_len: int, micro_batch: int) -> float: ...
+def head_fwd_flops(model: ModelDims, seq_len: int, micro_batch: int) -> float: ...
+def block_activation_bytes(model: ModelDims, params: CostParams, seq_len: int,
+                           micro_batch: int, tp: int) -> float: ...
+def ring_allreduce_s(bytes: float, k: int, gbs: float, params: CostParams) -> float: ...
+def validate_model(model: ModelDims) -> None: ...
+def validate_cost_params(params: CostParams) -> None: ...
+def estimate(model: ModelDims, gpus: list[GpuSpec], params: CostParams, work: Workload,
+             stages: list[StageSpec]) -> EstimateResult: ...
+def simulate_pipeline(fwd_s: list[float], bwd_s: list[float], send_fwd_s: list[float],
+                      send_bwd_s: list[float], num_microbatches: int,
+                      schedule: Schedule) -> PipelineResult: ...
+def closed_form_s(fwd_s: list[float], bwd_s: list[float], num_microbatches: int) -> float: ...
+def in_flight(schedule: Schedule, stage: int, num_stages: int, num_microbatches: int) -> int: ...

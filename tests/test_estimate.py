@@ -1,0 +1,88 @@
+"""estimate() on infeasible plans: every reason in words."""
+
+from __future__ import annotations
+
+import pytest
+from _helpers import make_plan
+
+import espresso as es
+
+
+def llama(deadline: float = 1e6, batch: int = 512) -> es.Job:
+    return es.Job(model=es.ModelSpec.preset("llama2-7b"), seq_len=4096,
+                  global_batch_size=batch, tokens=2 * 10**10, deadline_hours=deadline)
+
+
+def test_out_of_memory_names_stage_and_amount() -> None:
+    plan = make_plan(llama(), [("L4", 1, 0, 16), ("L4", 1, 16, 32)], dp=4,
+                     num_microbatches=128)
+    est = es.estimate(plan)
+    assert not est.feasible
+    oom = [r for r in est.reasons if "GB over" in r]
+    assert len(oom) == 2
+    s0 = est.stages[0]
+    assert f"stage 0 (L4, tp 1, layers [0, 16)) needs {s0.memory_gb:.1f} GB per GPU" in oom[0]
+    assert f"{s0.memory_gb - s0.capacity_gb:.1f} GB over" in oom[0]
+    assert s0.headroom_gb < 0
+
+
+def test_availability_exceeded() -> None:
+    cat = es.Catalog.builtin().with_counts(**{"A100-80GB": 3})
+    plan = make_plan(llama(), [("A100-80GB", 2, 0, 32)], dp=2, num_microbatches=256)
+    est = es.estimate(plan, cat)
+    assert any("rents 4 x A100-80GB" in r and "catalog has 3" in r for r in est.reasons)
+
+
+@pytest.mark.parametrize(
+    ("stages", "fragment"),
+    [
+        ([(0, 16), (16, 30)], "layers [30, 32) are held by no stage"),
+        ([(0, 16), (18, 32)], "layers [16, 18) are held by no stage: stage 1"),
+        ([(0, 18), (16, 32)], "layers [16, 18) are held twice"),
+        ([(0, 16), (16, 40)], "reach layer 40 but the model has only 32 blocks"),
+        ([(2, 16), (16, 32)], "layers [0, 2) are held by no stage: stage 0"),
+        ([(0, 32), (32, 32)], "stage 1 (A100-80GB, tp 1, layers [32, 32)) holds no"),
+    ],
+)
+def test_layer_coverage(stages: list[tuple[int, int]], fragment: str) -> None:
+    plan = make_plan(llama(), [("A100-80GB", 1, a, b) for a, b in stages], num_microbatches=512)
+    est = es.estimate(plan)
+    assert not est.feasible
+    assert any(fragment in r for r in est.reasons), est.reasons
+
+
+def test_tp_beyond_a_node_and_not_dividing() -> None:
+    plan = make_plan(llama(), [("RTX-A6000", 8, 0, 32)], num_microbatches=512)
+    assert any("exceeds the 4 GPUs of a RTX-A6000 node" in r for r in es.estimate(plan).reasons)
+    plan = make_plan(llama(), [("A100-80GB", 3, 0, 32)], num_microbatches=512)
+    reasons = es.estimate(plan).reasons
+    assert any("tp 3 does not divide the model's num_heads (32)" in r for r in reasons)
+
+
+def test_batch_mismatch() -> None:
+    plan = make_plan(llama(), [("A100-80GB", 1, 0, 32)], dp=2, num_microbatches=100)
+    reasons = es.estimate(plan).reasons
+    assert any("= 200 sequences per step, but the job's global batch is 512" in r
+               for r in reasons)
+
+
+def test_unknown_gpu_is_an_error() -> None:
+    plan = make_plan(llama(), [("A100_80GB", 1, 0, 32)], num_microbatches=512)
+    with pytest.raises(es.CatalogError, match="did you mean 'A100-80GB'"):
+        es.estimate(plan)
+
+
+def test_feasible_but_late() -> None:
+    plan = make_plan(llama(deadline=24), [("A100-80GB", 2, 0, 32)], num_microbatches=512,
+                     recompute="full")
+    est = es.estimate(plan)
+    assert est.feasible and not est.meets_deadline and est.reasons == ()
+    assert est.total_hours > 24
+
+
+def test_faster_gpus_cost_less_time() -> None:
+    a = es.estimate(make_plan(llama(), [("A100-80GB", 1, 0, 32)], num_microbatches=512,
+                              recompute="full"))
+    h = es.estimate(make_plan(llama(), [("H100-SXM", 1, 0, 32)], num_microbatches=512,
+                              recompute="full"))
+    assert h.iteration_s < a.iteration_s
