@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import espresso as es
+from espresso.cli import main
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "plans" / "llama2-7b-a100-l40s.json"
+
+
+def test_gpus_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gpus"]) == 0
+    out = capsys.readouterr().out
+    for name in ("H200", "MI300X", "RTX-4090", "T4"):
+        assert name in out
+    assert "7.912" in out  # the H200's price
+
+
+def test_gpus_json_and_custom_catalog(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gpus", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert es.Catalog.from_dict(data) == es.Catalog.builtin()
+    small = tmp_path / "small.yaml"
+    es.Catalog(gpus=(es.Catalog.builtin()["L4"],)).save(small)
+    assert main(["gpus", "--catalog", str(small)]) == 0
+    out = capsys.readouterr().out
+    assert "L4" in out and "H200" not in out
+
+
+def test_models_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "llama2-70b" in out and "68.977 B" in out
+    assert main(["models", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["llama2-7b"]["num_params"] == 6_738_415_616
+
+
+def test_estimate_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    est = es.estimate(es.Plan.from_json(EXAMPLE))
+    assert f"${est.total_usd:,.2f}" in out
+    assert f"Iteration {est.iteration_s:.3f} s" in out
+    assert f"{est.stages[1].memory_gb:.1f} GB" in out
+    assert "Feasible: yes" in out
+
+
+def test_estimate_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out.json"
+    assert main(["estimate", str(EXAMPLE), "--json", str(out)]) == 0
+    plan = es.Plan.from_json(out)
+    assert plan.estimate == es.estimate(es.Plan.from_json(EXAMPLE))
+    capsys.readouterr()
+    assert main(["estimate", str(EXAMPLE), "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["estimate"]["feasible"] is True
+
+
+def test_estimate_infeasible_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = json.loads(EXAMPLE.read_text())
+    d["stages"][1]["gpu"] = "L4"
+    d["stages"][1]["layers"] = [20, 30]
+    del d["gpus"]
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(d))
+    assert main(["estimate", str(p)]) == 1
+    out = capsys.readouterr().out
+    assert "Feasible: no" in out
+    assert "layers [30, 32) are held by no stage" in out
+    assert "GB over" in out
+
+
+def test_bad_input_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", str(tmp_path / "missing.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    d = json.loads(EXAMPLE.read_text())
+    d["stages"][0]["gpu"] = "A100"
+    p = tmp_path / "p.json"
+    del d["gpus"]
+    p.write_text(json.dumps(d))
+    assert main(["estimate", str(p)]) == 2
+    assert "unknown GPU type 'A100'" in capsys.readouterr().err
+    cat = tmp_path / "c.yaml"
+    cat.write_text("gpus:\n  - name: X\n")
+    assert main(["gpus", "--catalog", str(cat)]) == 2
+    assert "missing required field" in capsys.readouterr().err
+
+
+def test_console_script_runs() -> None:
+    r = subprocess.run([sys.executable, "-m", "espresso.cli", "--version"], capture_output=True,
+                       text=True, check=False)
+    assert r.returncode == 0 and "espresso" in r.stdout
