@@ -1,0 +1,1 @@
+"""Benchmarks (pytest-benchmark). Run: pytest bench/ --benchmark-columns=min,median,ops"""
