@@ -63,9 +63,12 @@ class GpuType:
         name = v.string("gpu.name", self.name, err=err)
         set_(self, "name", name)
         where = f"gpu {name!r}"
-        for f in ("memory_gb", "bf16_tflops", "mem_bandwidth_gbs", "intra_node_gbs",
-                  "inter_node_gbs"):
-            set_(self, f, v.number(f"{where}: {f}", getattr(self, f), positive=True, err=err))
+        set_(self, "memory_gb",
+             v.number(f"{where}: memory_gb", self.memory_gb, positive=True, err=err))
+        for f in ("bf16_tflops", "mem_bandwidth_gbs", "intra_node_gbs", "inter_node_gbs"):
+            # A floor far below any real device keeps every time finite in the core.
+            set_(self, f, v.number(f"{where}: {f}", getattr(self, f), positive=True,
+                                   minimum=1e-6, maximum=1e9, err=err))
         if self.memory_gb > 1e5 or self.bf16_tflops > 1e6:
             msg = (
                 f"{where}: memory_gb {self.memory_gb:g} or bf16_tflops {self.bf16_tflops:g} is "
@@ -73,7 +76,8 @@ class GpuType:
             )
             raise CatalogError(msg)
         set_(self, "price_per_hour",
-             v.number(f"{where}: price_per_hour", self.price_per_hour, minimum=0, err=err))
+             v.number(f"{where}: price_per_hour", self.price_per_hour, minimum=0, maximum=1e6,
+                      err=err))
         if self.spot_price_per_hour is not None:
             set_(self, "spot_price_per_hour",
                  v.number(f"{where}: spot_price_per_hour", self.spot_price_per_hour, minimum=0,
@@ -84,7 +88,7 @@ class GpuType:
              v.integer(f"{where}: gpus_per_node", self.gpus_per_node, minimum=1, maximum=1024,
                        err=err))
         if self.efficiency is not None:
-            eff = v.number(f"{where}: efficiency", self.efficiency, positive=True, maximum=1.0,
+            eff = v.number(f"{where}: efficiency", self.efficiency, minimum=1e-6, maximum=1.0,
                            err=err)
             set_(self, "efficiency", eff)
 

@@ -43,10 +43,21 @@ void check_nonneg(const std::string& field, double v) {
     if (!std::isfinite(v) || v < 0) bad(field, v, "a finite number >= 0");
 }
 
+// Rates and fractions have floors so that no time can overflow to infinity: with the
+// bounds on the model and batch, the largest time stays below 1e40 s.
+constexpr double kMinFraction = 1e-6;
+constexpr double kMinRate = 1e-9;  // TFLOP/s or GB/s
+constexpr double kMaxRate = 1e12;
+
 void check_fraction(const std::string& field, double v, bool allow_zero) {
-    if (!std::isfinite(v) || v > 1 || v < 0 || (!allow_zero && v == 0)) {
-        bad(field, v, allow_zero ? "in [0, 1]" : "in (0, 1]");
+    const bool zero_ok = allow_zero && v == 0;
+    if (!std::isfinite(v) || v > 1 || (!zero_ok && v < kMinFraction)) {
+        bad(field, v, allow_zero ? "0 (default) or in [1e-6, 1]" : "in [1e-6, 1]");
     }
+}
+
+void check_rate(const std::string& field, double v) {
+    if (!std::isfinite(v) || v < kMinRate || v > kMaxRate) bad(field, v, "in [1e-9, 1e12]");
 }
 
 double d(std::int64_t v) { return static_cast<double>(v); }
@@ -149,13 +160,17 @@ void validate(const ModelDims& m) {
 
 void validate(const GpuSpec& g, std::size_t index) {
     const std::string f = "gpus[" + std::to_string(index) + "].";
-    check_pos(f + "memory_gb", g.memory_gb);
-    check_pos(f + "bf16_tflops", g.tflops);
-    check_pos(f + "mem_bandwidth_gbs", g.mem_bandwidth_gbs);
-    check_pos(f + "intra_node_gbs", g.intra_node_gbs);
-    check_pos(f + "inter_node_gbs", g.inter_node_gbs);
+    if (!std::isfinite(g.memory_gb) || g.memory_gb <= 0 || g.memory_gb > 1e9) {
+        bad(f + "memory_gb", g.memory_gb, "in (0, 1e9]");
+    }
+    check_rate(f + "bf16_tflops", g.tflops);
+    check_rate(f + "mem_bandwidth_gbs", g.mem_bandwidth_gbs);
+    check_rate(f + "intra_node_gbs", g.intra_node_gbs);
+    check_rate(f + "inter_node_gbs", g.inter_node_gbs);
     check_fraction(f + "efficiency", g.efficiency, true);
-    check_nonneg(f + "price_per_hour", g.price_per_hour);
+    if (!std::isfinite(g.price_per_hour) || g.price_per_hour < 0 || g.price_per_hour > 1e9) {
+        bad(f + "price_per_hour", g.price_per_hour, "in [0, 1e9]");
+    }
     check_int(f + "count", g.count, 0, std::int64_t{1} << 40);
     check_int(f + "gpus_per_node", g.gpus_per_node, 1, kMaxTp);
 }
@@ -190,7 +205,9 @@ void validate(const Workload& w) {
         bad("recompute", static_cast<double>(static_cast<int>(w.recompute)), "none or full");
     }
     check_nonneg("optimizer bytes per parameter", w.optimizer_bytes_per_param);
-    check_nonneg("iterations", w.iterations);
+    if (!std::isfinite(w.iterations) || w.iterations < 0 || w.iterations > 1e19) {
+        bad("iterations", w.iterations, "in [0, 1e19]");
+    }
     check_nonneg("deadline_hours", w.deadline_hours);
 }
 
@@ -246,10 +263,10 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
         r.issues.push_back({IssueKind::LayersNotCovered, P - 1, -1, d(expect),
                             d(model.num_layers), ""});
     }
-    if (work.dp * work.micro_batch_size * work.num_microbatches != work.global_batch_size) {
-        r.issues.push_back({IssueKind::BatchMismatch, -1, -1,
-                            d(work.dp) * d(work.micro_batch_size) * d(work.num_microbatches),
-                            d(work.global_batch_size), ""});
+    // In double: dp * b * M can exceed 2^63 within the validated ranges.
+    const double batch = d(work.dp) * d(work.micro_batch_size) * d(work.num_microbatches);
+    if (batch != d(work.global_batch_size)) {
+        r.issues.push_back({IssueKind::BatchMismatch, -1, -1, batch, d(work.global_batch_size), ""});
     }
 
     // Node packing of one replica: consecutive stages of one type share a node while

@@ -37,9 +37,9 @@ std::vector<Op> stage_ops(Schedule schedule, std::int64_t stage, std::int64_t P,
 
 void check_times(const std::vector<double>& v, const char* name) {
     for (std::size_t i = 0; i < v.size(); ++i) {
-        if (!std::isfinite(v[i]) || v[i] < 0) {
+        if (!std::isfinite(v[i]) || v[i] < 0 || v[i] > kMaxTime) {
             throw std::invalid_argument(std::string(name) + "[" + std::to_string(i) +
-                                        "] must be a finite time >= 0, got " +
+                                        "] must be a time in [0, 1e100] s, got " +
                                         std::to_string(v[i]));
         }
     }

@@ -13,6 +13,8 @@ namespace espresso {
 constexpr std::int64_t kMaxStages = 1024;
 constexpr std::int64_t kMaxMicrobatches = 1 << 20;
 constexpr std::int64_t kMaxStageMicrobatchProduct = 1 << 22;
+// Longest operation accepted: sums of 2^23 of them stay finite.
+constexpr double kMaxTime = 1e100;
 
 struct PipelineResult {
     double makespan_s = 0;

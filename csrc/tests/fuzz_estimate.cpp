@@ -1,0 +1,149 @@
+// Randomized native check of the core's boundary: feeds estimate() and
+// simulate_pipeline() with arbitrary, often hostile, inputs. Every call must either throw
+// std::invalid_argument or return finite numbers that satisfy basic invariants; crashes,
+// hangs and sanitizer reports are failures. Build with -DESPRESSO_NATIVE_TESTS=ON, ideally
+// under -fsanitize=address,undefined, and run: espresso_fuzz [iterations] [seed].
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "espresso/cost_model.hpp"
+#include "espresso/pipeline_sim.hpp"
+
+using namespace espresso;
+
+namespace {
+
+std::mt19937_64 rng;
+bool hostile = true;  // half the iterations draw only plausible values
+
+double any_double() {
+    static const double specials[] = {0.0, -1.0, 1e-300, 1e300, -0.0,
+                                      std::numeric_limits<double>::infinity(),
+                                      std::numeric_limits<double>::quiet_NaN(),
+                                      std::numeric_limits<double>::max()};
+    if (!hostile) return 0.05 + static_cast<double>(rng() % 100000) / 100.0;
+    if (rng() % 8 == 0) return specials[rng() % 8];
+    return std::ldexp(static_cast<double>(rng() % 1000000) / 1000.0,
+                      static_cast<int>(rng() % 40) - 20);
+}
+
+std::int64_t any_int(std::int64_t typical_max) {
+    static const std::int64_t specials[] = {0, -1, 1, std::numeric_limits<std::int64_t>::max(),
+                                            std::numeric_limits<std::int64_t>::min(), 1 << 30};
+    if (hostile && rng() % 10 == 0) return specials[rng() % 6];
+    return 1 + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(typical_max));
+}
+
+bool finite_nonneg(double v) { return std::isfinite(v) && v >= 0; }
+
+void fail(const char* what, std::uint64_t i) {
+    std::fprintf(stderr, "espresso_fuzz: invariant '%s' broken at iteration %llu\n", what,
+                 static_cast<unsigned long long>(i));
+    std::exit(1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const std::uint64_t iters = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 20000;
+    rng.seed(argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1);
+    std::uint64_t ok = 0, refused = 0;
+    for (std::uint64_t i = 0; i < iters; ++i) {
+        hostile = i % 2 == 0;
+        ModelDims m;
+        m.num_layers = any_int(96);
+        m.num_heads = any_int(64);
+        if (__builtin_mul_overflow(m.num_heads, any_int(128), &m.hidden_size)) m.hidden_size = -1;
+        m.num_kv_heads = rng() % 2 ? m.num_heads : (hostile ? any_int(8) : 1);
+        m.ffn_hidden_size = any_int(30000);
+        m.vocab_size = any_int(150000);
+        m.gated_mlp = rng() % 2;
+        m.tied_embeddings = rng() % 2;
+        m.position_embeddings = rng() % 3 ? 0 : any_int(4096);
+        m.layernorm = rng() % 2;
+        m.linear_bias = rng() % 2;
+        std::vector<GpuSpec> gpus(1 + rng() % 4);
+        for (auto& g : gpus) {
+            g.memory_gb = any_double();
+            g.tflops = any_double();
+            g.mem_bandwidth_gbs = any_double();
+            g.intra_node_gbs = any_double();
+            g.inter_node_gbs = any_double();
+            g.efficiency = rng() % 2 ? 0.0 : (hostile ? any_double() : 0.3);
+            g.price_per_hour = any_double();
+            g.count = any_int(512);
+            g.gpus_per_node = any_int(8);
+        }
+        CostParams p;
+        if (hostile && rng() % 4 == 0) p.efficiency = any_double();
+        if (hostile && rng() % 4 == 0) p.link_efficiency = any_double();
+        if (hostile && rng() % 4 == 0) p.memory_reserve_fraction = any_double();
+        p.flash_attention = rng() % 2;
+        p.dropout_masks = rng() % 2;
+        p.zero1 = rng() % 2;
+        Workload w;
+        w.seq_len = any_int(8192);
+        w.micro_batch_size = any_int(8);
+        w.num_microbatches = any_int(128);
+        w.dp = any_int(16);
+        if (__builtin_mul_overflow(w.dp, w.micro_batch_size, &w.global_batch_size) ||
+            __builtin_mul_overflow(w.global_batch_size, w.num_microbatches, &w.global_batch_size)) {
+            w.global_batch_size = -1;
+        }
+        if (hostile && rng() % 5 == 0) w.global_batch_size = any_int(1024);
+        w.schedule = rng() % 2 ? Schedule::GPipe : Schedule::OneFOneB;
+        w.recompute = rng() % 2 ? Recompute::Full : Recompute::None;
+        w.iterations = any_double();
+        w.deadline_hours = any_double();
+        std::vector<StageSpec> stages(static_cast<std::size_t>(rng() % 10));
+        std::int64_t begin = 0;
+        for (auto& s : stages) {
+            s.gpu = hostile && rng() % 12 == 0 ? any_int(10) : static_cast<std::int64_t>(rng() % gpus.size());
+            s.tp = hostile && rng() % 8 == 0 ? any_int(64) : static_cast<std::int64_t>(1 + rng() % 4);
+            s.layer_begin = hostile && rng() % 8 == 0 ? any_int(100) : begin;
+            if (__builtin_add_overflow(s.layer_begin, static_cast<std::int64_t>(rng() % 20),
+                                       &s.layer_end)) {
+                s.layer_end = s.layer_begin;
+            }
+            begin = s.layer_end;
+        }
+        try {
+            const EstimateResult r = estimate(m, gpus, p, w, stages);
+            ++ok;
+            if (!finite_nonneg(r.iteration_s) || !finite_nonneg(r.pipeline_s)) fail("finite times", i);
+            if (!(r.bubble_fraction >= 0 && r.bubble_fraction < 1)) fail("bubble in [0,1)", i);
+            if (r.stages.size() != stages.size()) fail("one result per stage", i);
+            for (const auto& s : r.stages) {
+                if (!finite_nonneg(s.memory_bytes) || !finite_nonneg(s.fwd_s)) fail("finite stage", i);
+                if (r.pipeline_s < static_cast<double>(w.num_microbatches) * (s.fwd_s + s.bwd_s) *
+                                       (1 - 1e-9)) {
+                    fail("pipeline >= busy time of every stage", i);
+                }
+            }
+            if (r.feasible != r.issues.empty()) fail("feasible iff no issues", i);
+        } catch (const std::invalid_argument&) {
+            ++refused;
+        }
+        // The simulator on its own, with arbitrary times.
+        const std::size_t P = rng() % 6;
+        std::vector<double> f(P), b(P), c(P > 0 ? P - 1 : 0);
+        for (auto& x : f) x = rng() % 10 == 0 ? any_double() : static_cast<double>(rng() % 100);
+        for (auto& x : b) x = static_cast<double>(rng() % 100);
+        for (auto& x : c) x = rng() % 10 == 0 ? any_double() : 0.5;
+        try {
+            const PipelineResult r =
+                simulate_pipeline(f, b, c, c, any_int(64), rng() % 2 ? Schedule::GPipe : Schedule::OneFOneB);
+            if (!finite_nonneg(r.makespan_s)) fail("finite makespan", i);
+        } catch (const std::invalid_argument&) {
+        }
+    }
+    std::printf("espresso_fuzz: %llu estimates, %llu refused with invalid_argument, no failures\n",
+                static_cast<unsigned long long>(ok), static_cast<unsigned long long>(refused));
+    return 0;
+}
