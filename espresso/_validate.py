@@ -58,7 +58,7 @@ def number(
         _raise(err, field, value, f"a number >= {minimum:g}")
     if maximum is not None and value > maximum:
         _raise(err, field, value, f"a number <= {maximum:g}")
-    return value
+    return float(value)
 
 
 def boolean(field: str, value: Any, *, err: type[SpecError] = SpecError) -> bool:
@@ -85,6 +85,7 @@ def choice(
 def mapping(field: str, value: Any, *, err: type[SpecError] = SpecError) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         _raise(err, field, value, "a mapping (an object of key: value pairs)")
+    assert isinstance(value, Mapping)
     return value
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -99,7 +99,8 @@ def print_estimate(plan: Plan, est: Estimate, console: Console) -> None:
     job = plan.job
     rent = escape(", ".join(f"{c} x {g}" for g, c in est.gpus.items()))
     console.print(
-        f"[bold]{escape(job.model.name)}[/]: seq {job.seq_len}, global batch {job.global_batch_size}, "
+        f"[bold]{escape(job.model.name)}[/]: seq {job.seq_len}, "
+        f"global batch {job.global_batch_size}, "
         f"{est.iterations:,} iterations ({job.num_tokens / 1e9:,.2f}B tokens), "
         f"deadline {_hours(job.deadline_hours)}"
     )

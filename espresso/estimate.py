@@ -255,11 +255,12 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
         res = core.estimate(plan.job.model._dims(), specs, params._core(), _workload(plan),
                             core_stages)
     except ValueError as exc:  # the core's own boundary checks
-        raise SpecError(f"estimate: {exc}") from None
+        msg = f"estimate: {exc}"
+        raise SpecError(msg) from None
 
     stages = []
     M = plan.num_microbatches
-    for i, (st, se) in enumerate(zip(plan.stages, res.stages)):
+    for i, (st, se) in enumerate(zip(plan.stages, res.stages, strict=True)):
         stages.append(StageEstimate(
             index=i, gpu=st.gpu, tp=st.tp, layers=st.layers,
             fwd_s=se.fwd_s, bwd_s=se.bwd_s, time_s=M * (se.fwd_s + se.bwd_s),
@@ -271,7 +272,7 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
             in_flight=se.in_flight, send_s=se.send_s, send_intra_node=se.send_intra_node,
             dp_allreduce_s=se.dp_allreduce_s, optimizer_step_s=se.optimizer_step_s,
         ))
-    peak = sum(catalog[n].bf16_tflops * 1e12 * c for n, c in zip(names, res.gpus_used))
+    peak = sum(catalog[n].bf16_tflops * 1e12 * c for n, c in zip(names, res.gpus_used, strict=True))
     reasons = tuple(_reason(i, plan, names, res, catalog) for i in res.issues)
     job = plan.job
     return Estimate(
@@ -293,7 +294,7 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
         bottleneck_stage=res.bottleneck_stage,
         mfu=res.model_flops_per_iteration / (res.iteration_s * peak) if peak > 0 else 0.0,
         tokens_per_s=job.global_batch_size * job.seq_len / res.iteration_s,
-        gpus=dict(zip(names, res.gpus_used)),
+        gpus=dict(zip(names, res.gpus_used, strict=True)),
         stages=tuple(stages),
         reasons=reasons,
     )

@@ -102,6 +102,18 @@ class ModelSpec:
 
     # ------------------------------------------------------------------ counts
     @property
+    def kv_heads(self) -> int:
+        """``num_kv_heads`` after defaulting (never ``None`` once constructed)."""
+        assert self.num_kv_heads is not None
+        return self.num_kv_heads
+
+    @property
+    def ffn(self) -> int:
+        """``ffn_hidden_size`` after defaulting."""
+        assert self.ffn_hidden_size is not None
+        return self.ffn_hidden_size
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
@@ -119,8 +131,8 @@ class ModelSpec:
         d.num_layers = self.num_layers
         d.hidden_size = self.hidden_size
         d.num_heads = self.num_heads
-        d.num_kv_heads = self.num_kv_heads
-        d.ffn_hidden_size = self.ffn_hidden_size
+        d.num_kv_heads = self.kv_heads
+        d.ffn_hidden_size = self.ffn
         d.vocab_size = self.vocab_size
         d.gated_mlp = self.gated_mlp
         d.tied_embeddings = self.tied_embeddings

@@ -68,4 +68,4 @@ def parse_count(value: str | float | int, field: str = "tokens") -> int:
     if count > 2**62:
         msg = f"{field}: {value!r} is too large (at most {2**62:.3g})"
         raise JobError(msg)
-    return int(round(count))
+    return round(count)

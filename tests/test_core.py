@@ -74,21 +74,37 @@ def test_core_estimate_refuses_bad_input(gpu: dict[str, object], work: dict[str,
 def test_core_refuses_bad_model() -> None:
     d = _dims()
     d.num_heads = 3
-    with pytest.raises(ValueError, match="model.hidden_size"):
+    with pytest.raises(ValueError, match=r"model\.hidden_size"):
         _core.estimate(d, [_gpu()], es.CostParams()._core(), _work(),
                        [_core.StageSpec(0, 1, 0, 2)])
     d = _dims()
     d.vocab_size = 0
-    with pytest.raises(ValueError, match="model.vocab_size"):
+    with pytest.raises(ValueError, match=r"model\.vocab_size"):
         _core.validate_model(d)
 
 
 def test_core_refuses_bad_cost_params() -> None:
     p = _core.CostParams()
     p.link_efficiency = 0.0
-    with pytest.raises(ValueError, match="cost_model.link_efficiency"):
+    with pytest.raises(ValueError, match=r"cost_model\.link_efficiency"):
         _core.validate_cost_params(p)
-    with pytest.raises(es.SpecError, match="cost_model.memory_reserve_fraction"):
+    with pytest.raises(es.SpecError, match=r"cost_model\.memory_reserve_fraction"):
         es.CostParams(memory_reserve_fraction=1.0)
-    with pytest.raises(es.SpecError, match="cost_model.zero1"):
+    with pytest.raises(es.SpecError, match=r"cost_model\.zero1"):
         es.CostParams(zero1="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("efficiency", 0.0), ("efficiency", 1.5), ("bytes_per_weight", 0.0),
+     ("bytes_per_grad", -2.0), ("bytes_per_activation", float("nan")),
+     ("bytes_per_logit", -1.0), ("reserved_gb", -1.0), ("memory_reserve_fraction", -0.1),
+     ("link_efficiency", 2.0), ("link_latency_s", -1e-5),
+     ("optimizer_step_bytes_per_param", float("inf")), ("memory_bandwidth_efficiency", 0.0),
+     ("flash_attention", 1), ("dropout_masks", "no")],
+)
+def test_every_cost_param_is_checked(field: str, value: object) -> None:
+    with pytest.raises(es.SpecError, match=rf"cost_model\.{field}"):
+        es.CostParams(**{field: value})  # type: ignore[arg-type]
+    with pytest.raises(es.SpecError, match=rf"cost_model\.{field}"):
+        es.CostParams.from_dict({field: value})

@@ -4,11 +4,10 @@ comments from the formulas of docs/cost-model.md, not taken from the code)."""
 from __future__ import annotations
 
 import pytest
+from _helpers import make_plan
 
 import espresso as es
 from espresso import _core
-
-from _helpers import make_plan
 
 # Tiny model (conftest): h=64, a=4, kv dim 32, f=128 SwiGLU, V=100; micro-batch b=2, s=8.
 BLOCK_PARAMS = 36992                        # 12288 attention + 24576 MLP + 128 norms

@@ -67,7 +67,7 @@ def test_busy_time_and_bubble(data: st.DataObject, p: int, m: int, schedule: obj
     fs = data.draw(st.lists(TIME, min_size=p, max_size=p))
     bs = data.draw(st.lists(TIME, min_size=p, max_size=p))
     r = _core.simulate_pipeline(fs, bs, [0.0] * (p - 1), [0.0] * (p - 1), m, schedule)
-    assert r.busy_s == pytest.approx([m * (f + b) for f, b in zip(fs, bs)])
+    assert r.busy_s == pytest.approx([m * (f + b) for f, b in zip(fs, bs, strict=True)])
     assert r.makespan_s >= max(r.busy_s) * (1 - 1e-12)
     assert 0.0 <= r.bubble_fraction < 1.0
 
