@@ -269,22 +269,17 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
         r.issues.push_back({IssueKind::BatchMismatch, -1, -1, batch, d(work.global_batch_size), ""});
     }
 
-    // Node packing of one replica: consecutive stages of one type share a node while
-    // their TP groups fit; a boundary inside a node uses the intra-node link.
-    std::vector<std::int64_t> node_of(static_cast<std::size_t>(P), 0);
+    // Placement (Megatron-LM's rank order: TP fastest, then DP, then PP): a stage's TP
+    // group lives in one node, its DP replicas share a node when dp * tp fits, and pipeline
+    // neighbours sit in different nodes unless the whole plan fits in one node of one type.
+    bool one_node = true;
     {
-        std::int64_t node = 0, used = 0, type = -1;
-        for (std::int64_t i = 0; i < P; ++i) {
-            const StageSpec& st = stages[static_cast<std::size_t>(i)];
-            const GpuSpec& g = gpus[static_cast<std::size_t>(st.gpu)];
-            if (i == 0 || st.gpu != type || used + st.tp > g.gpus_per_node) {
-                if (i > 0) ++node;
-                used = 0;
-                type = st.gpu;
-            }
-            used += st.tp;
-            node_of[static_cast<std::size_t>(i)] = node;
+        std::int64_t used = 0;
+        for (const StageSpec& st : stages) {
+            one_node = one_node && st.gpu == stages[0].gpu;
+            used += st.tp * work.dp;
         }
+        one_node = one_node && used <= gpus[static_cast<std::size_t>(stages[0].gpu)].gpus_per_node;
     }
 
     r.gpus_used.assign(gpus.size(), 0);
@@ -365,7 +360,7 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
         if (!last) {
             const StageSpec& nx = stages[si + 1];
             const GpuSpec& gn = gpus[static_cast<std::size_t>(nx.gpu)];
-            e.send_intra_node = node_of[si] == node_of[si + 1];
+            e.send_intra_node = one_node;
             const double bw = e.send_intra_node ? g.intra_node_gbs
                                                 : std::min(g.inter_node_gbs, gn.inter_node_gbs);
             e.send_s = params.link_latency_s + act_msg / (bw * kGB * params.link_efficiency);
@@ -374,7 +369,9 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
         }
 
         // Once per iteration: gradient all-reduce over DP, optimizer step.
-        e.dp_allreduce_s = ring_allreduce_s(e.grads_bytes, work.dp, g.inter_node_gbs, params);
+        const bool dp_intra = work.dp * t <= g.gpus_per_node;
+        e.dp_allreduce_s = ring_allreduce_s(e.grads_bytes, work.dp,
+                                            dp_intra ? g.intra_node_gbs : g.inter_node_gbs, params);
         e.optimizer_step_s = per_gpu / (params.zero1 ? d(work.dp) : 1.0) *
                              params.optimizer_step_bytes_per_param /
                              (g.mem_bandwidth_gbs * kGB * params.memory_bandwidth_efficiency);
