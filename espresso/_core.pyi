@@ -101,6 +101,7 @@ class Issue:
 class StageEstimate:
     num_layers: int
     params: float
+    fwd_flops: float
     fwd_s: float
     bwd_s: float
     weights_bytes: float

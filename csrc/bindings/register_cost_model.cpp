@@ -102,6 +102,7 @@ void register_cost_model(py::module_& m) {
     py::class_<StageEstimate>(m, "StageEstimate")
         .def_readonly("num_layers", &StageEstimate::num_layers)
         .def_readonly("params", &StageEstimate::params)
+        .def_readonly("fwd_flops", &StageEstimate::fwd_flops)
         .def_readonly("fwd_s", &StageEstimate::fwd_s)
         .def_readonly("bwd_s", &StageEstimate::bwd_s)
         .def_readonly("weights_bytes", &StageEstimate::weights_bytes)

@@ -211,6 +211,77 @@ void validate(const Workload& w) {
     check_nonneg("deadline_hours", w.deadline_hours);
 }
 
+StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostParams& params,
+                         const Workload& work, std::int64_t tp, std::int64_t num_layers,
+                         std::int64_t index, std::int64_t num_stages) {
+    StageEstimate e;
+    const std::int64_t s = work.seq_len, b = work.micro_batch_size;
+    const double td = d(tp), L = d(num_layers);
+    const bool first = index == 0, last = index == num_stages - 1;
+    e.num_layers = num_layers;
+
+    // Parameters and model states.
+    e.params = L * block_params(model) + (first ? embedding_params(model) : 0.0) +
+               (last ? head_params(model) + final_norm_params(model) : 0.0);
+    const double per_gpu = e.params / td;
+    e.weights_bytes = per_gpu * params.bytes_per_weight;
+    e.grads_bytes = per_gpu * params.bytes_per_grad;
+    e.optimizer_bytes = per_gpu * work.optimizer_bytes_per_param /
+                        (params.zero1 ? d(work.dp) : 1.0);
+
+    // Activations.
+    e.in_flight = in_flight(work.schedule, index, num_stages, work.num_microbatches);
+    const double blk_act = block_activation_bytes(model, params, s, b, tp);
+    if (work.recompute == Recompute::Full) {
+        e.activation_bytes = d(e.in_flight) * L * d(s) * d(b) * d(model.hidden_size) *
+                             params.bytes_per_activation;
+        e.transient_bytes = num_layers > 0 ? blk_act : 0.0;
+    } else {
+        e.activation_bytes = d(e.in_flight) * L * blk_act;
+    }
+    if (last) e.transient_bytes += d(s) * d(b) * d(model.vocab_size) * params.bytes_per_logit / td;
+    e.memory_bytes = e.weights_bytes + e.grads_bytes + e.optimizer_bytes + e.activation_bytes +
+                     e.transient_bytes;
+    e.capacity_bytes = usable_bytes(g, params);
+
+    // Compute time per micro-batch.
+    const double blk_flops = block_fwd_flops(model, s, b);
+    const double eff = g.efficiency > 0 ? g.efficiency : params.efficiency;
+    const double rate = g.tflops * 1e12 * eff * td;
+    e.fwd_flops = L * blk_flops + (last ? head_fwd_flops(model, s, b) : 0.0);
+    const double act_msg = d(s) * d(b) * d(model.hidden_size) * params.bytes_per_activation;
+    const double tp_ar = ring_allreduce_s(act_msg, tp, g.intra_node_gbs, params);
+    e.fwd_s = e.fwd_flops / rate + L * 2.0 * tp_ar;
+    e.bwd_s = 2.0 * e.fwd_flops / rate + L * 2.0 * tp_ar;
+    if (work.recompute == Recompute::Full) e.bwd_s += L * blk_flops / rate + L * 2.0 * tp_ar;
+
+    // Once per iteration: gradient all-reduce over DP, optimizer step.
+    const bool dp_intra = work.dp * tp <= g.gpus_per_node;
+    e.dp_allreduce_s = ring_allreduce_s(e.grads_bytes, work.dp,
+                                        dp_intra ? g.intra_node_gbs : g.inter_node_gbs, params);
+    e.optimizer_step_s = per_gpu / (params.zero1 ? d(work.dp) : 1.0) *
+                         params.optimizer_step_bytes_per_param /
+                         (g.mem_bandwidth_gbs * kGB * params.memory_bandwidth_efficiency);
+    return e;
+}
+
+double usable_bytes(const GpuSpec& g, const CostParams& params) {
+    return g.memory_gb * kGB * (1.0 - params.memory_reserve_fraction) - params.reserved_gb * kGB;
+}
+
+double send_s(const GpuSpec& from, const GpuSpec& to, bool one_node, double bytes,
+              const CostParams& params) {
+    const double bw = one_node ? from.intra_node_gbs : std::min(from.inter_node_gbs,
+                                                                 to.inter_node_gbs);
+    return params.link_latency_s + bytes / (bw * kGB * params.link_efficiency);
+}
+
+bool tp_divides(const ModelDims& model, std::int64_t tp) {
+    return model.num_heads % tp == 0 &&
+           (model.num_kv_heads % tp == 0 || tp % model.num_kv_heads == 0) &&
+           model.ffn_hidden_size % tp == 0;
+}
+
 EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus,
                         const CostParams& params, const Workload& work,
                         const std::vector<StageSpec>& stages) {
@@ -238,8 +309,6 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
     EstimateResult r;
     const std::int64_t M = work.num_microbatches;
     const std::int64_t s = work.seq_len, b = work.micro_batch_size;
-    const double block_p = block_params(model);
-    const double blk_flops = block_fwd_flops(model, s, b);
     const double act_msg = d(s) * d(b) * d(model.hidden_size) * params.bytes_per_activation;
 
     // Coverage of the layer ranges.
@@ -295,9 +364,8 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
         StageEstimate& e = r.stages[si];
         const std::int64_t t = st.tp;
         const double td = d(t);
-        const bool first = i == 0, last = i == P - 1;
+        const bool last = i == P - 1;
         e.num_layers = std::max<std::int64_t>(0, st.layer_end - st.layer_begin);
-        const double L = d(e.num_layers);
         r.gpus_used[static_cast<std::size_t>(st.gpu)] += t * work.dp;
 
         if (t > g.gpus_per_node) {
@@ -315,66 +383,23 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
                                 d(model.ffn_hidden_size), "ffn_hidden_size"});
         }
 
-        // Parameters and model states.
-        e.params = L * block_p + (first ? embedding_params(model) : 0.0) +
-                   (last ? head_params(model) + final_norm_params(model) : 0.0);
-        const double per_gpu = e.params / td;
-        e.weights_bytes = per_gpu * params.bytes_per_weight;
-        e.grads_bytes = per_gpu * params.bytes_per_grad;
-        e.optimizer_bytes = per_gpu * work.optimizer_bytes_per_param /
-                            (params.zero1 ? d(work.dp) : 1.0);
-
-        // Activations.
-        e.in_flight = in_flight(work.schedule, i, P, M);
-        const double blk_act = block_activation_bytes(model, params, s, b, t);
-        if (work.recompute == Recompute::Full) {
-            e.activation_bytes = d(e.in_flight) * L * d(s) * d(b) * d(model.hidden_size) *
-                                 params.bytes_per_activation;
-            e.transient_bytes = e.num_layers > 0 ? blk_act : 0.0;
-        } else {
-            e.activation_bytes = d(e.in_flight) * L * blk_act;
-        }
-        if (last) e.transient_bytes += d(s) * d(b) * d(model.vocab_size) * params.bytes_per_logit / td;
-        e.memory_bytes = e.weights_bytes + e.grads_bytes + e.optimizer_bytes +
-                         e.activation_bytes + e.transient_bytes;
-        e.capacity_bytes = g.memory_gb * kGB * (1.0 - params.memory_reserve_fraction) -
-                           params.reserved_gb * kGB;
+        e = stage_cost(model, g, params, work, t, e.num_layers, i, P);
         if (e.memory_bytes > e.capacity_bytes) {
             r.issues.push_back({IssueKind::OutOfMemory, i, st.gpu, e.memory_bytes,
                                 e.capacity_bytes, ""});
         }
-
-        // Compute time per micro-batch.
-        const double eff = g.efficiency > 0 ? g.efficiency : params.efficiency;
-        const double rate = g.tflops * 1e12 * eff * td;
-        const double fwd_flops = L * blk_flops + (last ? head_fwd_flops(model, s, b) : 0.0);
-        const double tp_ar = ring_allreduce_s(act_msg, t, g.intra_node_gbs, params);
-        e.fwd_s = fwd_flops / rate + L * 2.0 * tp_ar;
-        e.bwd_s = 2.0 * fwd_flops / rate + L * 2.0 * tp_ar;
-        if (work.recompute == Recompute::Full) e.bwd_s += L * blk_flops / rate + L * 2.0 * tp_ar;
         fwd[si] = e.fwd_s;
         bwd[si] = e.bwd_s;
-        flops_iter += 3.0 * fwd_flops * d(M) * d(work.dp);
+        flops_iter += 3.0 * e.fwd_flops * d(M) * d(work.dp);
 
         // Transfer to the next stage.
         if (!last) {
-            const StageSpec& nx = stages[si + 1];
-            const GpuSpec& gn = gpus[static_cast<std::size_t>(nx.gpu)];
+            const GpuSpec& gn = gpus[static_cast<std::size_t>(stages[si + 1].gpu)];
             e.send_intra_node = one_node;
-            const double bw = e.send_intra_node ? g.intra_node_gbs
-                                                : std::min(g.inter_node_gbs, gn.inter_node_gbs);
-            e.send_s = params.link_latency_s + act_msg / (bw * kGB * params.link_efficiency);
+            e.send_s = send_s(g, gn, one_node, act_msg, params);
             send_f[si] = e.send_s;
             send_b[si] = e.send_s;
         }
-
-        // Once per iteration: gradient all-reduce over DP, optimizer step.
-        const bool dp_intra = work.dp * t <= g.gpus_per_node;
-        e.dp_allreduce_s = ring_allreduce_s(e.grads_bytes, work.dp,
-                                            dp_intra ? g.intra_node_gbs : g.inter_node_gbs, params);
-        e.optimizer_step_s = per_gpu / (params.zero1 ? d(work.dp) : 1.0) *
-                             params.optimizer_step_bytes_per_param /
-                             (g.mem_bandwidth_gbs * kGB * params.memory_bandwidth_efficiency);
         r.dp_allreduce_s = std::max(r.dp_allreduce_s, e.dp_allreduce_s);
         r.optimizer_step_s = std::max(r.optimizer_step_s, e.optimizer_step_s);
     }

@@ -103,6 +103,7 @@ struct Issue {
 struct StageEstimate {
     std::int64_t num_layers = 0;
     double params = 0;            // parameters held by the stage (all TP ranks)
+    double fwd_flops = 0;         // forward FLOPs of one micro-batch (all TP ranks)
     double fwd_s = 0;             // per micro-batch
     double bwd_s = 0;             // per micro-batch, recomputation included
     double weights_bytes = 0;     // per GPU
@@ -151,6 +152,19 @@ double block_activation_bytes(const ModelDims& m, const CostParams& p, std::int6
                               std::int64_t micro_batch, std::int64_t tp);
 // Ring all-reduce time of `bytes` over `k` members at `gbs` GB/s per member.
 double ring_allreduce_s(double bytes, std::int64_t k, double gbs, const CostParams& p);
+
+// Usable memory of one GPU after the head-room.
+double usable_bytes(const GpuSpec& g, const CostParams& p);
+// Time of one activation (or gradient) message between neighbouring stages.
+double send_s(const GpuSpec& from, const GpuSpec& to, bool one_node, double bytes,
+              const CostParams& p);
+// Whether a TP width splits the heads, the KV heads (or replicates them) and the MLP.
+bool tp_divides(const ModelDims& m, std::int64_t tp);
+// Time and memory of stage `index` of `num_stages` holding `num_layers` blocks on `tp` GPUs
+// of type `g` (everything but the transfer to the next stage). Inputs must be validated.
+StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostParams& params,
+                         const Workload& work, std::int64_t tp, std::int64_t num_layers,
+                         std::int64_t index, std::int64_t num_stages);
 
 void validate(const ModelDims& m);
 void validate(const GpuSpec& g, std::size_t index);
