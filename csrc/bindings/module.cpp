@@ -2,6 +2,7 @@
 #include "pybind11.hpp"
 
 PYBIND11_MODULE(_core, m) {
-    m.doc() = "Espresso's native core: cost model and pipeline simulation";
+    m.doc() = "Espresso's native core: cost model, pipeline simulation, placer and search";
     register_cost_model(m);
+    register_search(m);
 }

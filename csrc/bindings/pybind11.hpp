@@ -7,3 +7,4 @@
 namespace py = pybind11;
 
 void register_cost_model(py::module_& m);
+void register_search(py::module_& m);

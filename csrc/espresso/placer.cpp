@@ -1,0 +1,336 @@
+#include "espresso/placer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "espresso/pipeline_sim.hpp"
+
+namespace espresso {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// Bounds and simulations sum in different orders; a bound may exceed the simulated value
+// of the same placement by a few ulps. Prune only beyond this relative slack.
+constexpr double kSlack = 1e-9;
+
+struct Candidate {
+    double bound;
+    std::int64_t rank;  // the group's place in compute-memory order
+    std::int64_t group;
+    std::int64_t layers;
+    double pre, lb, ar, opt;
+};
+
+class Placer {
+public:
+    Placer(const ModelDims& model, const std::vector<GpuSpec>& gpus, const CostParams& params,
+           const Workload& work, const std::vector<StageGroup>& groups, const PlaceOptions& opt)
+        : model_(model), gpus_(gpus), params_(params), work_(work), opt_(opt) {
+        P_ = static_cast<std::int64_t>(groups.size());
+        L_ = model.num_layers;
+        M_ = work.num_microbatches;
+        // Distinct groups and their multiplicities, in a canonical order.
+        for (const StageGroup& g : groups) {
+            auto it = std::find_if(distinct_.begin(), distinct_.end(), [&](const StageGroup& x) {
+                return x.gpu == g.gpu && x.tp == g.tp;
+            });
+            if (it == distinct_.end()) {
+                distinct_.push_back(g);
+                count_.push_back(1);
+            } else {
+                ++count_[static_cast<std::size_t>(it - distinct_.begin())];
+            }
+        }
+        k_ = static_cast<std::int64_t>(distinct_.size());
+        span_ = L_ - P_ + 1;
+    }
+
+    Placement run() {
+        Placement out;
+        if (P_ < 1 || P_ > L_) {
+            out.lower_bound_s = kInf;
+            return out;
+        }
+        build_tables();
+        build_ranks();
+        // Memo of the completion bound over (remaining multiset, first layer, previous group).
+        std::int64_t states = 1;
+        stride_.assign(static_cast<std::size_t>(k_), 0);
+        for (std::int64_t j = 0; j < k_; ++j) {
+            stride_[static_cast<std::size_t>(j)] = states;
+            states *= count_[static_cast<std::size_t>(j)] + 1;
+            if (states > opt_.memo_limit) break;
+        }
+        const double memo_cells = static_cast<double>(states) * static_cast<double>(L_ + 1) *
+                                  static_cast<double>(k_ + 1);
+        use_memo_ = memo_cells <= static_cast<double>(opt_.memo_limit);
+        if (use_memo_) memo_.assign(static_cast<std::size_t>(memo_cells), -1.0);
+
+        remaining_ = count_;
+        std::int64_t idx = 0;
+        for (std::int64_t j = 0; j < k_; ++j) idx += count_[static_cast<std::size_t>(j)] * stride_[static_cast<std::size_t>(j)];
+        root_index_ = idx;
+        out.lower_bound_s = use_memo_ ? bound_rest(P_, 0, k_, root_index_) : 0.0;
+        if (!std::isfinite(out.lower_bound_s)) {
+            return out;  // no split fits in memory
+        }
+        seq_group_.assign(static_cast<std::size_t>(P_), 0);
+        seq_layers_.assign(static_cast<std::size_t>(P_), 0);
+        dfs(0, 0, k_, 0.0, 0.0, 0.0, 0.0, root_index_);
+        out.exhaustive = exhaustive_;
+        out.nodes = nodes_;
+        out.leaves = leaves_;
+        if (best_iter_ < kInf) {
+            out.found = true;
+            out.iteration_s = best_iter_;
+            std::int64_t begin = 0;
+            for (std::int64_t i = 0; i < P_; ++i) {
+                const StageGroup& g = distinct_[static_cast<std::size_t>(best_group_[static_cast<std::size_t>(i)])];
+                const std::int64_t n = best_layers_[static_cast<std::size_t>(i)];
+                out.stages.push_back({g.gpu, g.tp, begin, begin + n});
+                begin += n;
+            }
+        }
+        return out;
+    }
+
+private:
+    std::size_t cell(std::int64_t j, std::int64_t pos, std::int64_t n) const {
+        return static_cast<std::size_t>((j * P_ + pos) * (span_ + 1) + n);
+    }
+
+    void build_tables() {
+        const std::size_t size = static_cast<std::size_t>(k_ * P_ * (span_ + 1));
+        f_.assign(size, kInf);
+        b_.assign(size, kInf);
+        ar_.assign(size, kInf);
+        opt_step_.assign(size, kInf);
+        ok_.assign(size, 0);
+        bool one_type = true;
+        std::int64_t gpus_total = 0;
+        for (std::int64_t j = 0; j < k_; ++j) {
+            const StageGroup& g = distinct_[static_cast<std::size_t>(j)];
+            one_type = one_type && g.gpu == distinct_[0].gpu;
+            gpus_total += g.tp * count_[static_cast<std::size_t>(j)] * work_.dp;
+        }
+        one_node_ = one_type &&
+                    gpus_total <= gpus_[static_cast<std::size_t>(distinct_[0].gpu)].gpus_per_node;
+        for (std::int64_t j = 0; j < k_; ++j) {
+            const StageGroup& g = distinct_[static_cast<std::size_t>(j)];
+            const GpuSpec& spec = gpus_[static_cast<std::size_t>(g.gpu)];
+            for (std::int64_t pos = 0; pos < P_; ++pos) {
+                for (std::int64_t n = 1; n <= span_; ++n) {
+                    const StageEstimate e = stage_cost(model_, spec, params_, work_, g.tp, n, pos, P_);
+                    if (e.memory_bytes > e.capacity_bytes) break;  // memory grows with n
+                    const std::size_t c = cell(j, pos, n);
+                    f_[c] = e.fwd_s;
+                    b_[c] = e.bwd_s;
+                    ar_[c] = e.dp_allreduce_s;
+                    opt_step_[c] = e.optimizer_step_s;
+                    ok_[c] = 1;
+                }
+            }
+        }
+        const double msg = static_cast<double>(work_.seq_len) *
+                           static_cast<double>(work_.micro_batch_size) *
+                           static_cast<double>(model_.hidden_size) * params_.bytes_per_activation;
+        send_.assign(static_cast<std::size_t>(k_ * k_), 0.0);
+        for (std::int64_t a = 0; a < k_; ++a) {
+            for (std::int64_t c = 0; c < k_; ++c) {
+                send_[static_cast<std::size_t>(a * k_ + c)] =
+                    send_s(gpus_[static_cast<std::size_t>(distinct_[static_cast<std::size_t>(a)].gpu)],
+                           gpus_[static_cast<std::size_t>(distinct_[static_cast<std::size_t>(c)].gpu)],
+                           one_node_, msg, params_);
+            }
+        }
+    }
+
+    // Memory-rich groups (low compute per byte) first: early 1F1B stages hold more
+    // micro-batches in flight.
+    void build_ranks() {
+        std::vector<std::int64_t> order(static_cast<std::size_t>(k_));
+        for (std::int64_t j = 0; j < k_; ++j) order[static_cast<std::size_t>(j)] = j;
+        auto ratio = [&](std::int64_t j) {
+            const StageGroup& g = distinct_[static_cast<std::size_t>(j)];
+            const GpuSpec& s = gpus_[static_cast<std::size_t>(g.gpu)];
+            const double eff = s.efficiency > 0 ? s.efficiency : params_.efficiency;
+            return s.tflops * eff / s.memory_gb;
+        };
+        std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t c) {
+            return opt_.ratio_order ? ratio(a) < ratio(c) : a < c;
+        });
+        rank_.assign(static_cast<std::size_t>(k_), 0);
+        for (std::int64_t r = 0; r < k_; ++r) rank_[static_cast<std::size_t>(order[static_cast<std::size_t>(r)])] = r;
+    }
+
+    double send(std::int64_t from, std::int64_t to) const {
+        if (from >= k_) return 0.0;  // no previous stage
+        return send_[static_cast<std::size_t>(from * k_ + to)];
+    }
+
+    // Lower bound on max_k [prefix_k + M w_k] over the stages from `pos` on, measured from the
+    // end of stage pos-1 (group `prev`), with the multiset `idx` of groups left to place.
+    double bound_rest(std::int64_t left, std::int64_t l, std::int64_t prev, std::int64_t idx) {
+        const std::size_t key = static_cast<std::size_t>((idx * (L_ + 1) + l) * (k_ + 1) + prev);
+        if (memo_[key] >= 0) return memo_[key];
+        const std::int64_t pos = P_ - left;
+        double best = kInf;
+        for (std::int64_t j = 0; j < k_; ++j) {
+            const auto sj = static_cast<std::size_t>(j);
+            if (remaining_[sj] == 0) continue;
+            const double c2 = 2.0 * send(prev, j);
+            --remaining_[sj];
+            const std::int64_t rest_idx = idx - stride_[sj];
+            if (left == 1) {
+                const std::int64_t n = L_ - l;
+                if (n >= 1 && n <= span_ && ok_[cell(j, pos, n)]) {
+                    const std::size_t c = cell(j, pos, n);
+                    best = std::min(best, c2 + static_cast<double>(M_) * (f_[c] + b_[c]));
+                }
+            } else {
+                for (std::int64_t n = 1; n <= span_ && l + n <= L_ - (left - 1); ++n) {
+                    const std::size_t c = cell(j, pos, n);
+                    if (!ok_[c]) break;
+                    const double w = f_[c] + b_[c];
+                    if (c2 + static_cast<double>(M_) * w >= best) break;  // grows with n
+                    const double tail = bound_rest(left - 1, l + n, j, rest_idx);
+                    if (!std::isfinite(tail)) continue;
+                    best = std::min(best, c2 + std::max(static_cast<double>(M_) * w, w + tail));
+                }
+            }
+            ++remaining_[sj];
+        }
+        memo_[key] = best;
+        return best;
+    }
+
+    double tail_bound(std::int64_t left, std::int64_t l, std::int64_t prev, std::int64_t idx) {
+        if (left == 0) return 0.0;
+        return use_memo_ ? bound_rest(left, l, prev, idx) : 0.0;
+    }
+
+    bool prune(double bound) const {
+        return bound > opt_.cutoff_s * (1.0 + kSlack) || bound >= best_iter_ * (1.0 + kSlack);
+    }
+
+    void dfs(std::int64_t pos, std::int64_t l, std::int64_t prev, double pre, double lbmax,
+             double armax, double optmax, std::int64_t idx) {
+        if (nodes_ >= opt_.node_limit) {
+            exhaustive_ = false;
+            return;
+        }
+        ++nodes_;
+        const std::int64_t left = P_ - pos;
+        std::vector<Candidate> cands;
+        for (std::int64_t j = 0; j < k_; ++j) {
+            const auto sj = static_cast<std::size_t>(j);
+            if (remaining_[sj] == 0) continue;
+            const double c2 = 2.0 * send(prev, j);
+            const std::int64_t lo = left == 1 ? L_ - l : 1;
+            const std::int64_t hi = left == 1 ? L_ - l : std::min(span_, L_ - l - (left - 1));
+            if (lo < 1 || hi > span_) continue;
+            --remaining_[sj];
+            for (std::int64_t n = lo; n <= hi; ++n) {
+                const std::size_t c = cell(j, pos, n);
+                if (!ok_[c]) break;
+                const double w = f_[c] + b_[c];
+                const double pre_i = pre + c2;
+                const double lb = std::max(lbmax, pre_i + static_cast<double>(M_) * w);
+                const double npre = pre_i + w;
+                const double ar = std::max(armax, ar_[c]);
+                const double op = std::max(optmax, opt_step_[c]);
+                const double tail = tail_bound(left - 1, l + n, j, idx - stride_[sj]);
+                if (!std::isfinite(tail)) continue;
+                const double bound = std::max(lb, npre + tail) + ar + op;
+                if (prune(bound)) continue;
+                cands.push_back({bound, rank_[sj], j, n, npre, lb, ar, op});
+            }
+            ++remaining_[sj];
+        }
+        std::sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& c) {
+            if (a.bound != c.bound) return a.bound < c.bound;
+            if (a.rank != c.rank) return a.rank < c.rank;
+            return a.layers < c.layers;
+        });
+        for (const Candidate& cd : cands) {
+            if (prune(cd.bound)) continue;
+            const auto sj = static_cast<std::size_t>(cd.group);
+            seq_group_[static_cast<std::size_t>(pos)] = cd.group;
+            seq_layers_[static_cast<std::size_t>(pos)] = cd.layers;
+            --remaining_[sj];
+            if (left == 1) {
+                leaf(cd.ar, cd.opt);
+            } else {
+                dfs(pos + 1, l + cd.layers, cd.group, cd.pre, cd.lb, cd.ar, cd.opt,
+                    idx - stride_[sj]);
+            }
+            ++remaining_[sj];
+            if (!exhaustive_) return;
+        }
+    }
+
+    void leaf(double armax, double optmax) {
+        ++leaves_;
+        std::vector<double> f(static_cast<std::size_t>(P_)), b(static_cast<std::size_t>(P_));
+        std::vector<double> c(static_cast<std::size_t>(P_ - 1));
+        for (std::int64_t i = 0; i < P_; ++i) {
+            const auto si = static_cast<std::size_t>(i);
+            const std::size_t cl = cell(seq_group_[si], i, seq_layers_[si]);
+            f[si] = f_[cl];
+            b[si] = b_[cl];
+            if (i > 0) c[si - 1] = send(seq_group_[si - 1], seq_group_[si]);
+        }
+        const PipelineResult pipe = simulate_pipeline(f, b, c, c, M_, work_.schedule);
+        const double iter = pipe.makespan_s + armax + optmax;
+        if (iter <= opt_.cutoff_s && iter < best_iter_) {
+            best_iter_ = iter;
+            best_group_ = seq_group_;
+            best_layers_ = seq_layers_;
+        }
+    }
+
+    const ModelDims& model_;
+    const std::vector<GpuSpec>& gpus_;
+    const CostParams& params_;
+    const Workload& work_;
+    const PlaceOptions& opt_;
+    std::int64_t P_ = 0, L_ = 0, M_ = 0, k_ = 0, span_ = 0;
+    std::vector<StageGroup> distinct_;
+    std::vector<std::int64_t> count_, remaining_, stride_, rank_;
+    std::vector<double> f_, b_, ar_, opt_step_, send_, memo_;
+    std::vector<char> ok_;
+    bool one_node_ = false, use_memo_ = false, exhaustive_ = true;
+    std::int64_t root_index_ = 0, nodes_ = 0, leaves_ = 0;
+    std::vector<std::int64_t> seq_group_, seq_layers_, best_group_, best_layers_;
+    double best_iter_ = kInf;
+};
+
+}  // namespace
+
+Placement place(const ModelDims& model, const std::vector<GpuSpec>& gpus,
+                const CostParams& params, const Workload& work,
+                const std::vector<StageGroup>& groups, const PlaceOptions& options) {
+    if (groups.empty() || static_cast<std::int64_t>(groups.size()) > kMaxStages) {
+        throw std::invalid_argument("place: expected 1 to " + std::to_string(kMaxStages) +
+                                    " stage groups, got " + std::to_string(groups.size()));
+    }
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+        if (groups[i].gpu < 0 || groups[i].gpu >= static_cast<std::int64_t>(gpus.size())) {
+            throw std::invalid_argument("place: groups[" + std::to_string(i) +
+                                        "].gpu is not an index into the GPU list");
+        }
+        if (groups[i].tp < 1 || groups[i].tp > gpus[static_cast<std::size_t>(groups[i].gpu)].gpus_per_node) {
+            throw std::invalid_argument("place: groups[" + std::to_string(i) +
+                                        "].tp must be in [1, gpus_per_node]");
+        }
+    }
+    if (static_cast<std::int64_t>(groups.size()) * work.num_microbatches > kMaxStageMicrobatchProduct) {
+        throw std::invalid_argument("place: stages * num_microbatches exceeds the simulation limit");
+    }
+    Placer placer(model, gpus, params, work, groups, options);
+    return placer.run();
+}
+
+}  // namespace espresso

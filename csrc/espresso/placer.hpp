@@ -1,0 +1,51 @@
+// The stage placer: given the stage GPU groups of an allocation (GPU type and TP width of
+// each stage) and the data-parallel degree, find the stage order and the contiguous layer
+// split with the smallest iteration time, every stage fitting in memory at its position.
+//
+// Exact within the cost model: a depth-first branch and bound over (order, split) whose
+// bound is a dynamic programme over the remaining groups and layers of the pipeline lower
+// bound  max_k [ sum_{i<k} (f_i + b_i + 2 c_i) + M (f_k + b_k) ]  (valid for any schedule),
+// plus the DP all-reduce and optimizer terms of the stages already placed. Leaves are
+// evaluated with the same event simulation as estimate().
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "espresso/cost_model.hpp"
+
+namespace espresso {
+
+struct StageGroup {
+    std::int64_t gpu = 0;
+    std::int64_t tp = 1;
+};
+
+struct PlaceOptions {
+    // Only placements with iteration_s <= cutoff_s are of interest (prunes the rest).
+    double cutoff_s = std::numeric_limits<double>::infinity();
+    // Branch-and-bound nodes before giving up (the result is then not exhaustive).
+    std::int64_t node_limit = 2000000;
+    // Memoised bound states before falling back to a weaker bound.
+    std::int64_t memo_limit = 4000000;
+    // Compute-memory ordering of the groups tried first (memory-rich early).
+    bool ratio_order = true;
+};
+
+struct Placement {
+    bool found = false;               // a placement within the cutoff exists
+    std::vector<StageSpec> stages;    // its stages, in pipeline order
+    double iteration_s = std::numeric_limits<double>::infinity();
+    double lower_bound_s = 0;         // no placement of these groups is faster
+    bool exhaustive = true;           // false: node_limit stopped the search
+    std::int64_t nodes = 0;           // branch-and-bound nodes
+    std::int64_t leaves = 0;          // placements simulated
+};
+
+// Inputs must be validated (estimate() validates; the search validates once).
+Placement place(const ModelDims& model, const std::vector<GpuSpec>& gpus,
+                const CostParams& params, const Workload& work,
+                const std::vector<StageGroup>& groups, const PlaceOptions& options);
+
+}  // namespace espresso

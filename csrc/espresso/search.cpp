@@ -1,0 +1,562 @@
+#include "espresso/search.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <queue>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+
+#include "espresso/pipeline_sim.hpp"
+
+namespace espresso {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kSlack = 1e-9;  // relative: bounds never prune plans within rounding of a tie
+
+double d(std::int64_t v) { return static_cast<double>(v); }
+
+struct Choice {
+    std::int32_t type;   // catalog index
+    std::int32_t tp;
+    std::int32_t count;  // stages of this (type, tp)
+};
+
+struct Node {
+    double lb = 0;
+    std::int64_t seq = 0;
+    std::int32_t combo = 0;
+    std::int32_t next = 0;   // first order position still open
+    std::int32_t stages = 0;
+    double price = 0;        // per replica, USD per hour
+    double rate = 0;         // per replica, effective FLOP/s
+    double cap = 0;          // per replica, usable bytes
+    std::vector<Choice> choices;
+};
+
+struct NodeOrder {
+    bool operator()(const Node& a, const Node& b) const {
+        if (a.lb != b.lb) return a.lb > b.lb;            // smallest bound first
+        if (a.stages != b.stages) return a.stages < b.stages;  // then deeper (finds plans sooner)
+        return a.seq > b.seq;
+    }
+};
+
+struct Combo {
+    Workload work;
+    double flops_mb = 0;     // FLOPs of one micro-batch through the whole model, fwd + bwd
+    double c0 = 0;           // cost = c0 * price / rate at best (cost objective)
+    double t0 = 0;           // hours = t0 / rate at best (time objective)
+    double rate_min = 0;     // per-replica FLOP/s the deadline needs
+    double need_bytes = 0;   // per-replica memory any plan needs
+    std::vector<double> suffix_rate, suffix_cap;  // by order position
+};
+
+// A total order on plans with equal objective, so the answer never depends on timing.
+using PlanKey = std::tuple<double, std::int64_t, double, std::int64_t, std::int64_t, int,
+                           std::vector<std::int64_t>>;
+
+PlanKey key_of(const SearchPlan& p) {
+    std::int64_t gpus = 0;
+    std::vector<std::int64_t> st;
+    for (const StageSpec& s : p.stages) {
+        gpus += s.tp * p.work.dp;
+        st.insert(st.end(), {s.gpu, s.tp, s.layer_begin, s.layer_end});
+    }
+    return {p.objective, gpus, p.estimate.iteration_s, p.work.dp, p.work.micro_batch_size,
+            static_cast<int>(p.work.recompute), st};
+}
+
+class Search {
+public:
+    Search(const ModelDims& model, const std::vector<GpuSpec>& gpus, const CostParams& params,
+           const Workload& job, const SearchOptions& opt)
+        : model_(model), gpus_(gpus), params_(params), job_(job), opt_(opt) {}
+
+    SearchResult run() {
+        const auto t_start = std::chrono::steady_clock::now();
+        start_ = t_start;
+        prepare_types();
+        prepare_combos();
+        for (std::size_t c = 0; c < combos_.size(); ++c) {
+            Node root;
+            root.combo = static_cast<std::int32_t>(c);
+            root.lb = bound(root);
+            if (std::isfinite(root.lb)) push(std::move(root));
+        }
+        const std::int64_t nthreads = std::max<std::int64_t>(1, opt_.threads);
+        stats_.threads = nthreads;
+        if (nthreads == 1) {
+            worker();
+        } else {
+            std::vector<std::thread> pool;
+            for (std::int64_t i = 0; i < nthreads; ++i) pool.emplace_back([this] { worker(); });
+            for (auto& th : pool) th.join();
+        }
+        SearchResult out;
+        out.plans = best_;
+        stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+        if (stop_) {
+            stats_.complete = false;
+            if (!queue_.empty()) open_lb_ = std::min(open_lb_, queue_.top().lb);
+        }
+        const double best = best_.empty() ? kInf : best_.front().objective;
+        stats_.lower_bound = stats_.complete ? best : std::min(best, open_lb_);
+        out.stats = stats_;
+        return out;
+    }
+
+private:
+    // ------------------------------------------------------------------ set-up
+    void prepare_types() {
+        const std::int64_t n = static_cast<std::int64_t>(gpus_.size());
+        rate_.resize(gpus_.size());
+        cap_.resize(gpus_.size());
+        widths_.resize(gpus_.size());
+        for (std::int64_t t = 0; t < n; ++t) {
+            const GpuSpec& g = gpus_[static_cast<std::size_t>(t)];
+            const double eff = g.efficiency > 0 ? g.efficiency : params_.efficiency;
+            rate_[static_cast<std::size_t>(t)] = g.tflops * 1e12 * eff;
+            cap_[static_cast<std::size_t>(t)] = std::max(0.0, usable_bytes(g, params_));
+            for (std::int64_t w = 1; w <= std::min(g.gpus_per_node, opt_.max_tp); w *= 2) {
+                if (tp_divides(model_, w)) widths_[static_cast<std::size_t>(t)].push_back(w);
+            }
+            if (g.count > 0 && !widths_[static_cast<std::size_t>(t)].empty() && cap_[static_cast<std::size_t>(t)] > 0) {
+                order_.push_back(t);
+            }
+        }
+        // Cheapest effective FLOP/s first; dominating types before the ones they dominate.
+        std::stable_sort(order_.begin(), order_.end(), [&](std::int64_t a, std::int64_t b) {
+            const double ra = gpus_[static_cast<std::size_t>(a)].price_per_hour / rate_[static_cast<std::size_t>(a)];
+            const double rb = gpus_[static_cast<std::size_t>(b)].price_per_hour / rate_[static_cast<std::size_t>(b)];
+            if (ra != rb) return ra < rb;
+            if (rate_[static_cast<std::size_t>(a)] != rate_[static_cast<std::size_t>(b)]) return rate_[static_cast<std::size_t>(a)] > rate_[static_cast<std::size_t>(b)];
+            return cap_[static_cast<std::size_t>(a)] > cap_[static_cast<std::size_t>(b)];
+        });
+        dominators_.assign(gpus_.size(), {});
+        for (std::size_t pj = 0; pj < order_.size(); ++pj) {
+            for (std::size_t pi = 0; pi < pj; ++pi) {
+                if (dominates(order_[pi], order_[pj])) {
+                    dominators_[static_cast<std::size_t>(order_[pj])].push_back(order_[pi]);
+                }
+            }
+        }
+    }
+
+    bool dominates(std::int64_t i, std::int64_t j) const {
+        const GpuSpec& a = gpus_[static_cast<std::size_t>(i)];
+        const GpuSpec& b = gpus_[static_cast<std::size_t>(j)];
+        return rate_[static_cast<std::size_t>(i)] >= rate_[static_cast<std::size_t>(j)] &&
+               cap_[static_cast<std::size_t>(i)] >= cap_[static_cast<std::size_t>(j)] &&
+               a.mem_bandwidth_gbs >= b.mem_bandwidth_gbs && a.intra_node_gbs >= b.intra_node_gbs &&
+               a.inter_node_gbs >= b.inter_node_gbs && a.intra_node_gbs >= b.inter_node_gbs &&
+               a.gpus_per_node >= b.gpus_per_node && a.price_per_hour <= b.price_per_hour;
+    }
+
+    void prepare_combos() {
+        const std::int64_t B = job_.global_batch_size;
+        const double L = d(model_.num_layers);
+        for (const Recompute rc : opt_.recompute) {
+            for (const std::int64_t b : opt_.micro_batch_sizes) {
+                if (b < 1 || B % b != 0) continue;
+                for (std::int64_t dp = 1; dp <= std::min(B / b, opt_.max_dp); ++dp) {
+                    if ((B / b) % dp != 0) continue;
+                    Combo c;
+                    c.work = job_;
+                    c.work.micro_batch_size = b;
+                    c.work.dp = dp;
+                    c.work.num_microbatches = B / b / dp;
+                    c.work.recompute = rc;
+                    c.work.schedule = opt_.schedule;
+                    if (c.work.num_microbatches > kMaxMicrobatches) continue;
+                    const double blk = block_fwd_flops(model_, job_.seq_len, b);
+                    const double head = head_fwd_flops(model_, job_.seq_len, b);
+                    c.flops_mb = L * blk * (rc == Recompute::Full ? 4.0 : 3.0) + 3.0 * head;
+                    const double iter_flops = d(c.work.num_microbatches) * c.flops_mb;
+                    c.c0 = job_.iterations / 3600.0 * d(dp) * iter_flops;
+                    c.t0 = job_.iterations / 3600.0 * iter_flops;
+                    c.rate_min = opt_.enforce_deadline && opt_.prune_deadline
+                                     ? job_.iterations * iter_flops / (3600.0 * job_.deadline_hours)
+                                     : 0.0;
+                    const double states = params_.bytes_per_weight + params_.bytes_per_grad +
+                                          job_.optimizer_bytes_per_param / (params_.zero1 ? d(dp) : 1.0);
+                    c.need_bytes = total_params(model_) * states +
+                                   L * d(job_.seq_len) * d(b) * d(model_.hidden_size) *
+                                       params_.bytes_per_activation;
+                    c.suffix_rate.assign(order_.size() + 1, 0.0);
+                    c.suffix_cap.assign(order_.size() + 1, 0.0);
+                    for (std::size_t p = order_.size(); p-- > 0;) {
+                        const auto t = static_cast<std::size_t>(order_[p]);
+                        const double per_replica = d(gpus_[t].count / dp);
+                        c.suffix_rate[p] = c.suffix_rate[p + 1] + per_replica * rate_[t];
+                        c.suffix_cap[p] = c.suffix_cap[p + 1] + per_replica * cap_[t];
+                    }
+                    combos_.push_back(std::move(c));
+                }
+            }
+        }
+        stats_.combos = static_cast<std::int64_t>(combos_.size());
+    }
+
+    // ------------------------------------------------------------------ bounds
+    // Lower bound on the objective of the node's own allocation (kInf: cannot work).
+    double own_bound(const Node& n, const Combo& c) const {
+        if (n.stages < 1 || n.stages > model_.num_layers) return kInf;
+        if (n.rate < c.rate_min) return kInf;
+        if (opt_.prune_memory && n.cap < c.need_bytes) return kInf;
+        if (opt_.objective == Objective::Cost) return c.c0 * n.price / n.rate;
+        if (c.c0 * n.price / n.rate > opt_.budget_usd * (1 + kSlack)) return kInf;
+        return c.t0 / n.rate;
+    }
+
+    // Lower bound over completions that add stages of types at order positions >= next.
+    double ext_bound(const Node& n, const Combo& c) const {
+        const auto p = static_cast<std::size_t>(n.next);
+        if (p >= order_.size() || n.stages >= std::min(opt_.max_stages, model_.num_layers)) return kInf;
+        const double xmax = c.suffix_rate[p];
+        if (xmax <= 0) return kInf;
+        if (n.rate + xmax < c.rate_min) return kInf;
+        if (opt_.prune_memory && n.cap + c.suffix_cap[p] < c.need_bytes) return kInf;
+        const auto t = static_cast<std::size_t>(order_[p]);
+        const double rho = gpus_[t].price_per_hour / rate_[t];  // cheapest remaining $/FLOP/s
+        // min over x in [xlo, xmax] of (price + rho x) / (rate + x): monotone in x.
+        const double xlo = std::max(0.0, c.rate_min - n.rate);
+        auto ratio = [&](double x) {
+            return n.rate + x > 0 ? (n.price + rho * x) / (n.rate + x) : rho;
+        };
+        const double best_ratio = std::min(ratio(xlo > 0 ? xlo : 1e-300), ratio(xmax));
+        if (opt_.objective == Objective::Cost) return c.c0 * best_ratio;
+        if (c.c0 * best_ratio > opt_.budget_usd * (1 + kSlack)) return kInf;
+        return c.t0 / (n.rate + xmax);
+    }
+
+    double bound(const Node& n) const {
+        const Combo& c = combos_[static_cast<std::size_t>(n.combo)];
+        return std::min(own_bound(n, c), ext_bound(n, c));
+    }
+
+    double threshold() const {  // the k-th best objective so far (under the lock)
+        if (static_cast<std::int64_t>(best_.size()) < opt_.top_k) return kInf;
+        return best_.back().objective;
+    }
+
+    bool beyond(double lb, double thr) const {
+        return opt_.prune_cost && lb > thr * (1 + kSlack);
+    }
+
+    // ------------------------------------------------------------------ workers
+    void push(Node&& n) {
+        n.seq = seq_++;
+        queue_.push(std::move(n));
+        stats_.frontier_peak = std::max(stats_.frontier_peak, static_cast<std::int64_t>(queue_.size()));
+        if (static_cast<std::int64_t>(queue_.size()) > opt_.max_frontier) stop_ = true;
+    }
+
+    void worker() {
+        std::unique_lock<std::mutex> lock(mu_);
+        for (;;) {
+            cv_.wait(lock, [&] { return stop_ || !queue_.empty() || busy_ == 0; });
+            if (stop_ || (queue_.empty() && busy_ == 0)) break;
+            if (opt_.time_limit_s > 0 &&
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() >
+                    opt_.time_limit_s) {
+                stop_ = true;
+                stats_.timed_out = true;
+                break;
+            }
+            Node node = queue_.top();
+            queue_.pop();
+            const double thr = threshold();
+            if (beyond(node.lb, thr)) {
+                ++stats_.pruned_cost;
+                continue;
+            }
+            ++busy_;
+            ++stats_.nodes_expanded;
+            lock.unlock();
+            std::vector<Node> children;
+            Local local;
+            process(node, thr, children, local);
+            lock.lock();
+            merge(local);
+            for (Node& ch : children) {
+                if (beyond(ch.lb, threshold())) {
+                    ++stats_.pruned_cost;
+                    continue;
+                }
+                push(std::move(ch));
+            }
+            --busy_;
+            cv_.notify_all();
+        }
+        cv_.notify_all();
+    }
+
+    struct Local {
+        SearchStats s;
+        std::vector<SearchPlan> plans;
+        double open_lb = kInf;
+        bool incomplete = false;
+    };
+
+    void merge(const Local& l) {
+        stats_.nodes_generated += l.s.nodes_generated;
+        stats_.pruned_cost += l.s.pruned_cost;
+        stats_.pruned_deadline += l.s.pruned_deadline;
+        stats_.pruned_memory += l.s.pruned_memory;
+        stats_.pruned_availability += l.s.pruned_availability;
+        stats_.pruned_dominance += l.s.pruned_dominance;
+        stats_.leaves_placed += l.s.leaves_placed;
+        stats_.placer_nodes += l.s.placer_nodes;
+        stats_.placer_leaves += l.s.placer_leaves;
+        open_lb_ = std::min(open_lb_, l.open_lb);
+        if (l.incomplete) stats_.complete = false;
+        for (const SearchPlan& p : l.plans) offer(p);
+    }
+
+    void offer(const SearchPlan& p) {
+        const PlanKey k = key_of(p);
+        auto pos = std::find_if(best_.begin(), best_.end(),
+                                [&](const SearchPlan& q) { return k < key_of(q); });
+        best_.insert(pos, p);
+        if (static_cast<std::int64_t>(best_.size()) > opt_.top_k) best_.pop_back();
+    }
+
+    // ------------------------------------------------------------------ one node
+    void process(const Node& node, double thr, std::vector<Node>& children, Local& local) {
+        const Combo& c = combos_[static_cast<std::size_t>(node.combo)];
+        // 1. The node's own allocation.
+        const double own = own_bound(node, c);
+        if (node.stages >= 1) {
+            if (!std::isfinite(own)) {
+                if (node.rate < c.rate_min) ++local.s.pruned_deadline;
+                else if (node.cap < c.need_bytes) ++local.s.pruned_memory;
+            } else if (beyond(own, thr)) {
+                ++local.s.pruned_cost;
+            } else {
+                place_allocation(node, c, thr, local);
+            }
+        }
+        // 2. Children: stages of one more type, at any later order position.
+        const double ext = ext_bound(node, c);
+        if (!std::isfinite(ext) || beyond(ext, thr)) return;
+        const std::int64_t room = std::min(opt_.max_stages, model_.num_layers) - node.stages;
+        for (std::size_t p = static_cast<std::size_t>(node.next); p < order_.size(); ++p) {
+            const std::int64_t t = order_[p];
+            const GpuSpec& g = gpus_[static_cast<std::size_t>(t)];
+            const std::vector<std::int64_t>& ws = widths_[static_cast<std::size_t>(t)];
+            const std::int64_t per_replica = g.count / c.work.dp;
+            std::vector<std::int64_t> counts(ws.size(), 0);
+            enumerate(node, c, p, ws, per_replica, room, 0, 0, 0, counts, thr, children, local);
+        }
+    }
+
+    // Every option (stages per TP width) of the type at order position p.
+    void enumerate(const Node& node, const Combo& c, std::size_t p,
+                   const std::vector<std::int64_t>& ws, std::int64_t per_replica,
+                   std::int64_t room, std::size_t wi, std::int64_t used_gpus,
+                   std::int64_t used_stages, std::vector<std::int64_t>& counts, double thr,
+                   std::vector<Node>& children, Local& local) {
+        if (wi == ws.size()) {
+            if (used_stages == 0) return;
+            make_child(node, c, p, ws, counts, used_gpus, used_stages, thr, children, local);
+            return;
+        }
+        for (std::int64_t k = 0;; ++k) {
+            if (used_stages + k > room) break;
+            if (used_gpus + k * ws[wi] > per_replica) {
+                ++local.s.pruned_availability;
+                break;
+            }
+            counts[wi] = k;
+            enumerate(node, c, p, ws, per_replica, room, wi + 1, used_gpus + k * ws[wi],
+                      used_stages + k, counts, thr, children, local);
+        }
+        counts[wi] = 0;
+    }
+
+    void make_child(const Node& node, const Combo& c, std::size_t p,
+                    const std::vector<std::int64_t>& ws, const std::vector<std::int64_t>& counts,
+                    std::int64_t gpus_per_replica, std::int64_t stages, double thr,
+                    std::vector<Node>& children, Local& local) {
+        const std::int64_t t = order_[p];
+        const auto st = static_cast<std::size_t>(t);
+        if (opt_.prune_dominance && opt_.top_k == 1) {
+            for (const std::int64_t i : dominators_[st]) {
+                std::int64_t used_i = 0;
+                for (const Choice& ch : node.choices) {
+                    if (ch.type == i) used_i += ch.tp * ch.count;
+                }
+                if (gpus_[static_cast<std::size_t>(i)].count - c.work.dp * used_i >=
+                    c.work.dp * gpus_per_replica) {
+                    ++local.s.pruned_dominance;
+                    return;
+                }
+            }
+        }
+        Node ch;
+        ch.combo = node.combo;
+        ch.next = static_cast<std::int32_t>(p + 1);
+        ch.stages = node.stages + static_cast<std::int32_t>(stages);
+        ch.price = node.price + d(gpus_per_replica) * gpus_[st].price_per_hour;
+        ch.rate = node.rate + d(gpus_per_replica) * rate_[st];
+        ch.cap = node.cap + d(gpus_per_replica) * cap_[st];
+        ch.choices = node.choices;
+        for (std::size_t wi = 0; wi < ws.size(); ++wi) {
+            if (counts[wi] > 0) {
+                ch.choices.push_back({static_cast<std::int32_t>(t), static_cast<std::int32_t>(ws[wi]),
+                                      static_cast<std::int32_t>(counts[wi])});
+            }
+        }
+        ++local.s.nodes_generated;
+        const double own = own_bound(ch, c), ext = ext_bound(ch, c);
+        ch.lb = std::min(own, ext);
+        if (!std::isfinite(ch.lb)) {
+            // Classify why nothing below this node can work.
+            const auto q = static_cast<std::size_t>(ch.next);
+            const double xmax = q < order_.size() ? c.suffix_rate[q] : 0.0;
+            const double cmax = q < order_.size() ? c.suffix_cap[q] : 0.0;
+            if (ch.rate + xmax < c.rate_min) ++local.s.pruned_deadline;
+            else if (ch.cap + cmax < c.need_bytes) ++local.s.pruned_memory;
+            else ++local.s.pruned_cost;  // budget (time objective) or stage limit
+            return;
+        }
+        if (beyond(ch.lb, thr)) {
+            ++local.s.pruned_cost;
+            return;
+        }
+        children.push_back(std::move(ch));
+    }
+
+    void place_allocation(const Node& node, const Combo& c, double thr, Local& local) {
+        ++local.s.leaves_placed;
+        // Only the GPU types of this allocation travel to the placer and the estimator.
+        std::vector<std::int64_t> types;
+        for (const Choice& ch : node.choices) {
+            if (std::find(types.begin(), types.end(), ch.type) == types.end()) types.push_back(ch.type);
+        }
+        std::vector<GpuSpec> specs;
+        for (const std::int64_t t : types) specs.push_back(gpus_[static_cast<std::size_t>(t)]);
+        std::vector<StageGroup> groups;
+        for (const Choice& ch : node.choices) {
+            const auto local_t = static_cast<std::int64_t>(
+                std::find(types.begin(), types.end(), ch.type) - types.begin());
+            for (std::int32_t k = 0; k < ch.count; ++k) groups.push_back({local_t, ch.tp});
+        }
+        const double hourly = d(c.work.dp) * node.price;
+        const double iters = job_.iterations;
+        PlaceOptions po = opt_.placer;
+        double cutoff = kInf;
+        if (opt_.enforce_deadline) cutoff = job_.deadline_hours * 3600.0 / iters;
+        if (opt_.objective == Objective::Cost) {
+            if (hourly > 0) cutoff = std::min(cutoff, thr * 3600.0 / (hourly * iters));
+        } else {
+            cutoff = std::min(cutoff, thr * 3600.0 / iters);
+            if (hourly > 0) cutoff = std::min(cutoff, opt_.budget_usd * 3600.0 / (hourly * iters));
+        }
+        po.cutoff_s = cutoff * (1 + kSlack);
+        Placement pl;
+        if (static_cast<std::int64_t>(groups.size()) * c.work.num_microbatches > kMaxStageMicrobatchProduct) {
+            return;
+        }
+        pl = place(model_, specs, params_, c.work, groups, po);
+        local.s.placer_nodes += pl.nodes;
+        local.s.placer_leaves += pl.leaves;
+        if (!pl.exhaustive) {
+            local.incomplete = true;
+            const double lb_obj = opt_.objective == Objective::Cost
+                                      ? hourly * iters * pl.lower_bound_s / 3600.0
+                                      : iters * pl.lower_bound_s / 3600.0;
+            local.open_lb = std::min(local.open_lb, lb_obj);
+        }
+        if (!pl.found) return;
+        EstimateResult est = estimate(model_, specs, params_, c.work, pl.stages);
+        if (!est.feasible) return;  // cannot happen: the placer checks what estimate checks
+        if (opt_.enforce_deadline && !est.meets_deadline) return;
+        if (opt_.objective == Objective::Time && est.total_usd > opt_.budget_usd) return;
+        SearchPlan plan;
+        plan.work = c.work;
+        plan.stages = pl.stages;
+        for (StageSpec& s : plan.stages) s.gpu = types[static_cast<std::size_t>(s.gpu)];
+        std::vector<std::int64_t> used(gpus_.size(), 0);
+        for (std::size_t i = 0; i < types.size(); ++i) used[static_cast<std::size_t>(types[i])] = est.gpus_used[i];
+        est.gpus_used = used;
+        for (Issue& is : est.issues) {
+            if (is.gpu >= 0) is.gpu = types[static_cast<std::size_t>(is.gpu)];
+        }
+        plan.objective = opt_.objective == Objective::Cost ? est.total_usd : est.total_hours;
+        plan.estimate = std::move(est);
+        local.plans.push_back(std::move(plan));
+    }
+
+    const ModelDims& model_;
+    const std::vector<GpuSpec>& gpus_;
+    const CostParams& params_;
+    const Workload& job_;
+    const SearchOptions& opt_;
+    std::vector<double> rate_, cap_;
+    std::vector<std::vector<std::int64_t>> widths_, dominators_;
+    std::vector<std::int64_t> order_;
+    std::vector<Combo> combos_;
+    std::priority_queue<Node, std::vector<Node>, NodeOrder> queue_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::int64_t busy_ = 0, seq_ = 0;
+    bool stop_ = false;
+    double open_lb_ = kInf;
+    std::vector<SearchPlan> best_;
+    SearchStats stats_;
+    std::chrono::steady_clock::time_point start_;
+};
+
+void check_options(const SearchOptions& o) {
+    if (o.micro_batch_sizes.empty()) throw std::invalid_argument("micro_batch_sizes must not be empty");
+    for (const std::int64_t b : o.micro_batch_sizes) {
+        if (b < 1 || b > (1 << 24)) throw std::invalid_argument("micro_batch_sizes: each must be in [1, 2^24]");
+    }
+    if (o.recompute.empty()) throw std::invalid_argument("recompute options must not be empty");
+    if (o.max_stages < 1 || o.max_stages > kMaxStages) {
+        throw std::invalid_argument("max_stages must be in [1, " + std::to_string(kMaxStages) + "]");
+    }
+    if (o.max_tp < 1 || o.max_tp > 1024) throw std::invalid_argument("max_tp must be in [1, 1024]");
+    if (o.max_dp < 1) throw std::invalid_argument("max_dp must be >= 1");
+    if (o.top_k < 1 || o.top_k > 1000) throw std::invalid_argument("top_k must be in [1, 1000]");
+    if (o.threads < 1 || o.threads > 1024) throw std::invalid_argument("threads must be in [1, 1024]");
+    if (!(o.time_limit_s >= 0) || !std::isfinite(o.time_limit_s)) {
+        throw std::invalid_argument("time_limit_s must be a finite number >= 0");
+    }
+    if (!(o.budget_usd > 0)) throw std::invalid_argument("budget_usd must be > 0");
+    if (o.max_frontier < 1) throw std::invalid_argument("max_frontier must be >= 1");
+    if (o.placer.node_limit < 1 || o.placer.memo_limit < 0) {
+        throw std::invalid_argument("placer limits must be positive");
+    }
+}
+
+}  // namespace
+
+SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
+                    const CostParams& params, const Workload& job, const SearchOptions& options) {
+    validate(model);
+    validate(params);
+    for (std::size_t g = 0; g < gpus.size(); ++g) validate(gpus[g], g);
+    if (gpus.empty()) throw std::invalid_argument("the catalog has no GPU types");
+    Workload w = job;
+    w.dp = 1;
+    w.micro_batch_size = 1;
+    w.num_microbatches = 1;
+    validate(w);
+    if (!(job.iterations >= 1)) throw std::invalid_argument("iterations must be >= 1");
+    if (!(job.deadline_hours > 0)) throw std::invalid_argument("deadline_hours must be > 0");
+    check_options(options);
+    Search s(model, gpus, params, job, options);
+    return s.run();
+}
+
+}  // namespace espresso

@@ -1,0 +1,71 @@
+"""A plain brute-force planner written only on top of espresso.estimate() and the plan
+contract: every data-parallel degree, micro-batch size, recomputation, multiset of stage
+groups (GPU type, power-of-two TP width), stage order and contiguous layer split."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+
+import espresso as es
+
+
+def widths(model: es.ModelSpec, gpu: es.GpuType, max_tp: int) -> list[int]:
+    out, w = [], 1
+    while w <= min(gpu.gpus_per_node, max_tp):
+        kv = model.kv_heads
+        if (model.num_heads % w == 0 and (kv % w == 0 or w % kv == 0)
+                and model.ffn % w == 0):
+            out.append(w)
+        w *= 2
+    return out
+
+
+def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0, *cuts, total)
+        yield tuple(bounds[i + 1] - bounds[i] for i in range(parts))
+
+
+def multisets(groups: list[tuple[str, int]], max_len: int) -> Iterator[tuple[tuple[str, int], ...]]:
+    for n in range(1, max_len + 1):
+        yield from itertools.combinations_with_replacement(groups, n)
+
+
+def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[int, ...] = (1, 2),
+                recompute: tuple[str, ...] = ("none", "full"), max_stages: int = 4,
+                max_tp: int = 8) -> tuple[float, es.Plan | None, int]:
+    """(best cost, best plan, plans estimated); cost is inf when nothing is feasible."""
+    model = job.model
+    groups = [(g.name, w) for g in catalog for w in widths(model, g, max_tp)]
+    best, best_plan, count = math.inf, None, 0
+    B = job.global_batch_size
+    for rc in recompute:
+        for b in micro_batch_sizes:
+            if B % b:
+                continue
+            for dp in range(1, B // b + 1):
+                if (B // b) % dp:
+                    continue
+                m = B // b // dp
+                for ms in multisets(groups, min(max_stages, model.num_layers)):
+                    use: dict[str, int] = {}
+                    for name, w in ms:
+                        use[name] = use.get(name, 0) + w * dp
+                    if any(use[n] > catalog[n].count for n in use):
+                        continue
+                    for order in set(itertools.permutations(ms)):
+                        for split in compositions(model.num_layers, len(order)):
+                            stages, begin = [], 0
+                            for (name, w), n in zip(order, split, strict=True):
+                                stages.append(es.Stage(gpu=name, tp=w, layers=(begin, begin + n)))
+                                begin += n
+                            plan = es.Plan(job=job, stages=tuple(stages), dp=dp,
+                                           micro_batch_size=b, num_microbatches=m,
+                                           recompute=rc)
+                            est = es.estimate(plan, catalog)
+                            count += 1
+                            if est.feasible and est.meets_deadline and est.total_usd < best:
+                                best, best_plan = est.total_usd, plan
+    return best, best_plan, count
