@@ -22,6 +22,7 @@ from .estimate import Estimate, StageEstimate, estimate
 from .job import Job
 from .model import ModelSpec
 from .plan import Plan, Stage
+from .search import InfeasibleError, SearchResult, SearchStats, place, plan, search
 from .units import parse_count, parse_hours
 
 __version__ = "0.1.0"
@@ -33,6 +34,7 @@ __all__ = [
     "EspressoError",
     "Estimate",
     "GpuType",
+    "InfeasibleError",
     "Job",
     "JobError",
     "MissingExtraError",
@@ -40,10 +42,15 @@ __all__ = [
     "ModelSpec",
     "Plan",
     "PlanError",
+    "SearchResult",
+    "SearchStats",
     "SpecError",
     "Stage",
     "StageEstimate",
     "estimate",
+    "place",
+    "plan",
+    "search",
     "parse_count",
     "parse_hours",
 ]

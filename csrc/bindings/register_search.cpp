@@ -66,6 +66,7 @@ void register_search(py::module_& m) {
         .def_readonly("placer_nodes", &SearchStats::placer_nodes)
         .def_readonly("placer_leaves", &SearchStats::placer_leaves)
         .def_readonly("frontier_peak", &SearchStats::frontier_peak)
+        .def_readonly("dives", &SearchStats::dives)
         .def_readonly("combos", &SearchStats::combos)
         .def_readonly("seconds", &SearchStats::seconds)
         .def_readonly("lower_bound", &SearchStats::lower_bound)

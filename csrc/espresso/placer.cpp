@@ -15,12 +15,18 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // of the same placement by a few ulps. Prune only beyond this relative slack.
 constexpr double kSlack = 1e-9;
 
+// Smallest possible maxima over the remaining stages of the second bound's stage term, the
+// DP all-reduce and the optimizer step (each minimised on its own: a valid lower bound).
+struct Neck {
+    double g, ar, opt;
+};
+
 struct Candidate {
     double bound;
     std::int64_t rank;  // the group's place in compute-memory order
     std::int64_t group;
     std::int64_t layers;
-    double pre, lb, ar, opt;
+    double pre, lb, ar, opt, g;
 };
 
 class Placer {
@@ -66,19 +72,30 @@ public:
         const double memo_cells = static_cast<double>(states) * static_cast<double>(L_ + 1) *
                                   static_cast<double>(k_ + 1);
         use_memo_ = memo_cells <= static_cast<double>(opt_.memo_limit);
-        if (use_memo_) memo_.assign(static_cast<std::size_t>(memo_cells), -1.0);
+        if (use_memo_) {
+            memo_.assign(static_cast<std::size_t>(memo_cells), -1.0);
+            memo_sum_.assign(static_cast<std::size_t>(memo_cells), -1.0);
+            memo_neck_.assign(static_cast<std::size_t>(states * (L_ + 1)), Neck{-1.0, -1.0, -1.0});
+        }
 
         remaining_ = count_;
         std::int64_t idx = 0;
         for (std::int64_t j = 0; j < k_; ++j) idx += count_[static_cast<std::size_t>(j)] * stride_[static_cast<std::size_t>(j)];
         root_index_ = idx;
-        out.lower_bound_s = use_memo_ ? bound_rest(P_, 0, k_, root_index_) : 0.0;
+        if (use_memo_) {
+            const Neck nk = neck_rest(P_, 0, root_index_);
+            const double first = bound_rest(P_, 0, k_, root_index_);
+            const double second = sum_rest(P_, 0, k_, root_index_) + nk.g;
+            out.lower_bound_s = std::max(first, second) + nk.ar + nk.opt;
+        } else {
+            out.lower_bound_s = 0.0;
+        }
         if (!std::isfinite(out.lower_bound_s)) {
             return out;  // no split fits in memory
         }
         seq_group_.assign(static_cast<std::size_t>(P_), 0);
         seq_layers_.assign(static_cast<std::size_t>(P_), 0);
-        dfs(0, 0, k_, 0.0, 0.0, 0.0, 0.0, root_index_);
+        dfs(0, 0, k_, 0.0, 0.0, 0.0, 0.0, 0.0, root_index_);
         out.exhaustive = exhaustive_;
         out.nodes = nodes_;
         out.leaves = leaves_;
@@ -106,6 +123,7 @@ private:
         f_.assign(size, kInf);
         b_.assign(size, kInf);
         ar_.assign(size, kInf);
+        g_.assign(size, kInf);
         opt_step_.assign(size, kInf);
         ok_.assign(size, 0);
         bool one_type = true;
@@ -127,6 +145,13 @@ private:
                     const std::size_t c = cell(j, pos, n);
                     f_[c] = e.fwd_s;
                     b_[c] = e.bwd_s;
+                    // Stage-local term of the second bound: (M-1) w - (nf-1) f, nf being the
+                    // forwards the stage may run before its first backward.
+                    const std::int64_t nf = work_.schedule == Schedule::GPipe
+                                                ? M_
+                                                : std::min(P_ - pos, M_);
+                    g_[c] = static_cast<double>(M_ - 1) * (e.fwd_s + e.bwd_s) -
+                            static_cast<double>(nf - 1) * e.fwd_s;
                     ar_[c] = e.dp_allreduce_s;
                     opt_step_[c] = e.optimizer_step_s;
                     ok_[c] = 1;
@@ -206,9 +231,79 @@ private:
         return best;
     }
 
+    // Smallest sum over the remaining stages of (w + 2 c), c the transfer into each.
+    double sum_rest(std::int64_t left, std::int64_t l, std::int64_t prev, std::int64_t idx) {
+        const std::size_t key = static_cast<std::size_t>((idx * (L_ + 1) + l) * (k_ + 1) + prev);
+        if (memo_sum_[key] >= 0) return memo_sum_[key];
+        const std::int64_t pos = P_ - left;
+        double best = kInf;
+        for (std::int64_t j = 0; j < k_; ++j) {
+            const auto sj = static_cast<std::size_t>(j);
+            if (remaining_[sj] == 0) continue;
+            const double c2 = 2.0 * send(prev, j);
+            --remaining_[sj];
+            if (left == 1) {
+                const std::int64_t n = L_ - l;
+                if (n >= 1 && n <= span_ && ok_[cell(j, pos, n)]) {
+                    const std::size_t c = cell(j, pos, n);
+                    best = std::min(best, c2 + f_[c] + b_[c]);
+                }
+            } else {
+                for (std::int64_t n = 1; n <= span_ && l + n <= L_ - (left - 1); ++n) {
+                    const std::size_t c = cell(j, pos, n);
+                    if (!ok_[c]) break;
+                    const double tail = sum_rest(left - 1, l + n, j, idx - stride_[sj]);
+                    if (std::isfinite(tail)) best = std::min(best, c2 + f_[c] + b_[c] + tail);
+                }
+            }
+            ++remaining_[sj];
+        }
+        memo_sum_[key] = best;
+        return best;
+    }
+
+    Neck neck_rest(std::int64_t left, std::int64_t l, std::int64_t idx) {
+        const std::size_t key = static_cast<std::size_t>(idx * (L_ + 1) + l);
+        if (memo_neck_[key].g >= 0) return memo_neck_[key];
+        const std::int64_t pos = P_ - left;
+        Neck best{kInf, kInf, kInf};
+        for (std::int64_t j = 0; j < k_; ++j) {
+            const auto sj = static_cast<std::size_t>(j);
+            if (remaining_[sj] == 0) continue;
+            --remaining_[sj];
+            const std::int64_t lo = left == 1 ? L_ - l : 1;
+            const std::int64_t hi = left == 1 ? L_ - l : std::min(span_, L_ - l - (left - 1));
+            for (std::int64_t n = std::max<std::int64_t>(lo, 1); n <= hi && n <= span_; ++n) {
+                const std::size_t c = cell(j, pos, n);
+                if (!ok_[c]) break;
+                Neck rest{0.0, 0.0, 0.0};
+                if (left > 1) {
+                    rest = neck_rest(left - 1, l + n, idx - stride_[sj]);
+                    if (!std::isfinite(rest.g)) continue;
+                }
+                best.g = std::min(best.g, std::max(g_[c], rest.g));
+                best.ar = std::min(best.ar, std::max(ar_[c], rest.ar));
+                best.opt = std::min(best.opt, std::max(opt_step_[c], rest.opt));
+            }
+            ++remaining_[sj];
+        }
+        memo_neck_[key] = best;
+        return best;
+    }
+
+    Neck tail_neck(std::int64_t left, std::int64_t l, std::int64_t idx) {
+        if (left == 0 || !use_memo_) return Neck{0.0, 0.0, 0.0};
+        return neck_rest(left, l, idx);
+    }
+
     double tail_bound(std::int64_t left, std::int64_t l, std::int64_t prev, std::int64_t idx) {
         if (left == 0) return 0.0;
         return use_memo_ ? bound_rest(left, l, prev, idx) : 0.0;
+    }
+
+    double tail_sum(std::int64_t left, std::int64_t l, std::int64_t prev, std::int64_t idx) {
+        if (left == 0) return 0.0;
+        return use_memo_ ? sum_rest(left, l, prev, idx) : 0.0;
     }
 
     bool prune(double bound) const {
@@ -216,7 +311,7 @@ private:
     }
 
     void dfs(std::int64_t pos, std::int64_t l, std::int64_t prev, double pre, double lbmax,
-             double armax, double optmax, std::int64_t idx) {
+             double armax, double optmax, double gmax, std::int64_t idx) {
         if (nodes_ >= opt_.node_limit) {
             exhaustive_ = false;
             return;
@@ -241,11 +336,21 @@ private:
                 const double npre = pre_i + w;
                 const double ar = std::max(armax, ar_[c]);
                 const double op = std::max(optmax, opt_step_[c]);
+                const double g = std::max(gmax, g_[c]);
                 const double tail = tail_bound(left - 1, l + n, j, idx - stride_[sj]);
                 if (!std::isfinite(tail)) continue;
-                const double bound = std::max(lb, npre + tail) + ar + op;
+                // Two lower bounds on the pipeline makespan of any completion:
+                //   max_k [sum_{i<k} (w_i + 2c_i) + M w_k]                 (fill + bottleneck)
+                //   sum_i (w_i + 2c_i) + max_k [(M-1) w_k - (nf_k-1) f_k]  (first backward's wait)
+                const Neck nk = tail_neck(left - 1, l + n, idx - stride_[sj]);
+                if (!std::isfinite(nk.g)) continue;
+                const double first = std::max(lb, npre + tail);
+                const double second =
+                    npre + tail_sum(left - 1, l + n, j, idx - stride_[sj]) + std::max(g, nk.g);
+                const double bound =
+                    std::max(first, second) + std::max(ar, nk.ar) + std::max(op, nk.opt);
                 if (prune(bound)) continue;
-                cands.push_back({bound, rank_[sj], j, n, npre, lb, ar, op});
+                cands.push_back({bound, rank_[sj], j, n, npre, lb, ar, op, g});
             }
             ++remaining_[sj];
         }
@@ -263,7 +368,7 @@ private:
             if (left == 1) {
                 leaf(cd.ar, cd.opt);
             } else {
-                dfs(pos + 1, l + cd.layers, cd.group, cd.pre, cd.lb, cd.ar, cd.opt,
+                dfs(pos + 1, l + cd.layers, cd.group, cd.pre, cd.lb, cd.ar, cd.opt, cd.g,
                     idx - stride_[sj]);
             }
             ++remaining_[sj];
@@ -299,7 +404,8 @@ private:
     std::int64_t P_ = 0, L_ = 0, M_ = 0, k_ = 0, span_ = 0;
     std::vector<StageGroup> distinct_;
     std::vector<std::int64_t> count_, remaining_, stride_, rank_;
-    std::vector<double> f_, b_, ar_, opt_step_, send_, memo_;
+    std::vector<double> f_, b_, g_, ar_, opt_step_, send_, memo_, memo_sum_;
+    std::vector<Neck> memo_neck_;
     std::vector<char> ok_;
     bool one_node_ = false, use_memo_ = false, exhaustive_ = true;
     std::int64_t root_index_ = 0, nodes_ = 0, leaves_ = 0;

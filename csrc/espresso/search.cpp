@@ -43,8 +43,14 @@ struct Node {
 
 struct NodeOrder {
     bool operator()(const Node& a, const Node& b) const {
-        if (a.lb != b.lb) return a.lb > b.lb;            // smallest bound first
-        if (a.stages != b.stages) return a.stages < b.stages;  // then deeper (finds plans sooner)
+        // Smallest bound first; bounds equal to 7 digits count as ties (combinations whose
+        // bounds differ only by rounding must not be ordered by that noise).
+        const float la = static_cast<float>(a.lb), lb = static_cast<float>(b.lb);
+        if (la != lb) return la > lb;
+        // Among equal bounds, small allocations first: they are complete plans with the least
+        // pipeline overhead, so a good incumbent appears early and prunes the larger ones.
+        if (a.stages != b.stages) return a.stages > b.stages;
+        if (a.rate != b.rate) return a.rate > b.rate;
         return a.seq > b.seq;
     }
 };
@@ -140,6 +146,10 @@ private:
             if (rate_[static_cast<std::size_t>(a)] != rate_[static_cast<std::size_t>(b)]) return rate_[static_cast<std::size_t>(a)] > rate_[static_cast<std::size_t>(b)];
             return cap_[static_cast<std::size_t>(a)] > cap_[static_cast<std::size_t>(b)];
         });
+        suffix_min_rate_.assign(order_.size() + 1, kInf);
+        for (std::size_t p = order_.size(); p-- > 0;) {
+            suffix_min_rate_[p] = std::min(suffix_min_rate_[p + 1], rate_[static_cast<std::size_t>(order_[p])]);
+        }
         dominators_.assign(gpus_.size(), {});
         for (std::size_t pj = 0; pj < order_.size(); ++pj) {
             for (std::size_t pi = 0; pi < pj; ++pi) {
@@ -220,14 +230,19 @@ private:
     double ext_bound(const Node& n, const Combo& c) const {
         const auto p = static_cast<std::size_t>(n.next);
         if (p >= order_.size() || n.stages >= std::min(opt_.max_stages, model_.num_layers)) return kInf;
-        const double xmax = c.suffix_rate[p];
-        if (xmax <= 0) return kInf;
-        if (n.rate + xmax < c.rate_min) return kInf;
         if (opt_.prune_memory && n.cap + c.suffix_cap[p] < c.need_bytes) return kInf;
+        return type_bound(n, c, p, suffix_min_rate_[p]);
+    }
+
+    // Lower bound over completions that add stages of the type at order position p and
+    // possibly of later types (same shape as ext_bound, from position p).
+    // `xmin`: the least rate one added GPU brings.
+    double type_bound(const Node& n, const Combo& c, std::size_t p, double xmin) const {
+        const double xmax = c.suffix_rate[p];
+        if (xmax <= 0 || n.rate + xmax < c.rate_min) return kInf;
         const auto t = static_cast<std::size_t>(order_[p]);
-        const double rho = gpus_[t].price_per_hour / rate_[t];  // cheapest remaining $/FLOP/s
-        // min over x in [xlo, xmax] of (price + rho x) / (rate + x): monotone in x.
-        const double xlo = std::max(0.0, c.rate_min - n.rate);
+        const double rho = gpus_[t].price_per_hour / rate_[t];
+        const double xlo = std::min(xmax, std::max(xmin, c.rate_min - n.rate));
         auto ratio = [&](double x) {
             return n.rate + x > 0 ? (n.price + rho * x) / (n.rate + x) : rho;
         };
@@ -256,7 +271,38 @@ private:
         n.seq = seq_++;
         queue_.push(std::move(n));
         stats_.frontier_peak = std::max(stats_.frontier_peak, static_cast<std::int64_t>(queue_.size()));
-        if (static_cast<std::int64_t>(queue_.size()) > opt_.max_frontier) stop_ = true;
+    }
+
+    bool out_of_time() const {
+        return opt_.time_limit_s > 0 &&
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() >
+                   opt_.time_limit_s;
+    }
+
+    // Depth-first branch and bound below `node` (children in bound order), used when the
+    // best-first frontier is full: memory stays bounded and the search stays exact.
+    void dive(const Node& node, std::unique_lock<std::mutex>& lock) {
+        const double thr = threshold_.load();
+        if (beyond(node.lb, thr)) {
+            ++stats_.pruned_cost;
+            return;
+        }
+        if (stop_ || out_of_time()) {
+            if (!stop_) stats_.timed_out = true;
+            stop_ = true;
+            open_lb_ = std::min(open_lb_, node.lb);
+            return;
+        }
+        ++stats_.nodes_expanded;
+        std::vector<Node> children;
+        Local local;
+        lock.unlock();
+        process(node, thr, children, local);
+        lock.lock();
+        merge(local);
+        std::sort(children.begin(), children.end(),
+                  [](const Node& a, const Node& b) { return NodeOrder()(b, a); });
+        for (const Node& ch : children) dive(ch, lock);
     }
 
     void worker() {
@@ -264,9 +310,7 @@ private:
         for (;;) {
             cv_.wait(lock, [&] { return stop_ || !queue_.empty() || busy_ == 0; });
             if (stop_ || (queue_.empty() && busy_ == 0)) break;
-            if (opt_.time_limit_s > 0 &&
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() >
-                    opt_.time_limit_s) {
+            if (out_of_time()) {
                 stop_ = true;
                 stats_.timed_out = true;
                 break;
@@ -276,6 +320,15 @@ private:
             const double thr = threshold();
             if (beyond(node.lb, thr)) {
                 ++stats_.pruned_cost;
+                continue;
+            }
+            if (static_cast<std::int64_t>(queue_.size()) >= opt_.max_frontier) {
+                // Frontier full: finish this subtree depth-first instead of growing it.
+                ++busy_;
+                ++stats_.dives;
+                dive(node, lock);
+                --busy_;
+                cv_.notify_all();
                 continue;
             }
             ++busy_;
@@ -327,6 +380,7 @@ private:
                                 [&](const SearchPlan& q) { return k < key_of(q); });
         best_.insert(pos, p);
         if (static_cast<std::int64_t>(best_.size()) > opt_.top_k) best_.pop_back();
+        threshold_.store(threshold());
     }
 
     // ------------------------------------------------------------------ one node
@@ -349,6 +403,12 @@ private:
         if (!std::isfinite(ext) || beyond(ext, thr)) return;
         const std::int64_t room = std::min(opt_.max_stages, model_.num_layers) - node.stages;
         for (std::size_t p = static_cast<std::size_t>(node.next); p < order_.size(); ++p) {
+            // Adding a type at position p (and perhaps later ones, all with a price per
+            // FLOP/s at least this type's) costs at least this; the bound only grows with p.
+            if (beyond(type_bound(node, c, p, rate_[static_cast<std::size_t>(order_[p])]), thr)) {
+                local.s.pruned_cost += static_cast<std::int64_t>(order_.size() - p);
+                break;
+            }
             const std::int64_t t = order_[p];
             const GpuSpec& g = gpus_[static_cast<std::size_t>(t)];
             const std::vector<std::int64_t>& ws = widths_[static_cast<std::size_t>(t)];
@@ -501,7 +561,7 @@ private:
     const CostParams& params_;
     const Workload& job_;
     const SearchOptions& opt_;
-    std::vector<double> rate_, cap_;
+    std::vector<double> rate_, cap_, suffix_min_rate_;
     std::vector<std::vector<std::int64_t>> widths_, dominators_;
     std::vector<std::int64_t> order_;
     std::vector<Combo> combos_;
@@ -511,6 +571,7 @@ private:
     std::int64_t busy_ = 0, seq_ = 0;
     bool stop_ = false;
     double open_lb_ = kInf;
+    std::atomic<double> threshold_{kInf};
     std::vector<SearchPlan> best_;
     SearchStats stats_;
     std::chrono::steady_clock::time_point start_;

@@ -27,7 +27,7 @@ struct SearchOptions {
     std::vector<std::int64_t> micro_batch_sizes{1, 2, 4, 8};
     std::vector<Recompute> recompute{Recompute::None, Recompute::Full};
     Schedule schedule = Schedule::OneFOneB;
-    std::int64_t max_stages = 16;       // pipeline depth at most
+    std::int64_t max_stages = 8;        // pipeline depth at most
     std::int64_t max_tp = 8;            // tensor-parallel width at most (powers of two)
     std::int64_t max_dp = 1 << 20;
     Objective objective = Objective::Cost;
@@ -36,7 +36,7 @@ struct SearchOptions {
     double time_limit_s = 0;            // 0: none
     std::int64_t threads = 1;
     std::int64_t top_k = 1;
-    std::int64_t max_frontier = 1000000;  // nodes held at once (bounded memory)
+    std::int64_t max_frontier = 200000;   // best-first nodes held; beyond, subtrees go depth-first
     PlaceOptions placer;
     // Pruning rules (tests switch them off one at a time; the optimum must not change).
     bool prune_cost = true;
@@ -57,6 +57,7 @@ struct SearchStats {
     std::int64_t placer_nodes = 0;
     std::int64_t placer_leaves = 0;
     std::int64_t frontier_peak = 0;
+    std::int64_t dives = 0;             // subtrees finished depth-first (frontier full)
     std::int64_t combos = 0;            // (recompute, micro-batch, dp) combinations
     double seconds = 0;
     double lower_bound = 0;             // no plan is better than this (objective units)

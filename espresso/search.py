@@ -1,0 +1,349 @@
+"""plan(), search() and place(): the exact cost-tree search and the stage placer."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from . import _validate as v
+from ._native import core
+from .catalog import Catalog
+from .cost import CostParams
+from .errors import EspressoError, SpecError
+from .estimate import _workload, estimate
+from .job import Job
+from .plan import RECOMPUTE, SCHEDULES, Plan, Stage
+
+PRUNING_RULES = ("cost", "deadline", "memory", "dominance")
+"""Pruning rules that can be switched off (availability is never violated: options beyond a
+type's count are simply not generated)."""
+
+
+class InfeasibleError(EspressoError):
+    """No plan satisfies the job; the message says why. ``fastest`` is the fastest plan that
+    ignores the deadline, when one exists; ``stats`` the search statistics."""
+
+    def __init__(self, message: str, *, fastest: Plan | None = None,
+                 stats: SearchStats | None = None) -> None:
+        super().__init__(message)
+        self.fastest = fastest
+        self.stats = stats
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchStats:
+    """What the search did and what it proved."""
+
+    nodes_expanded: int
+    nodes_generated: int
+    pruned: dict[str, int]
+    """Nodes (or options) cut per rule: cost, deadline, memory, availability, dominance."""
+    leaves_placed: int
+    """Complete allocations handed to the placer."""
+    placer_nodes: int
+    placer_leaves: int
+    """Placements the placer simulated exactly."""
+    frontier_peak: int
+    dives: int
+    """Subtrees finished depth-first because the best-first frontier was full."""
+    combos: int
+    """(recomputation, micro-batch size, data-parallel degree) combinations."""
+    seconds: float
+    threads: int
+    lower_bound: float
+    """No plan has a smaller objective (USD, or hours for ``objective="time"``)."""
+    gap: float
+    """``(best - lower_bound) / best``: 0 means proven optimal within the cost model."""
+    complete: bool
+    """The whole space was searched (or pruned by admissible bounds)."""
+    timed_out: bool
+    objective: str
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["pruned"] = dict(self.pruned)
+        for k in ("lower_bound", "gap"):
+            if not math.isfinite(out[k]):
+                out[k] = None
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchResult:
+    plans: list[Plan] = field(default_factory=list)
+    """Best first (at most ``top_k``), each with its estimate attached."""
+    stats: SearchStats
+
+
+def _threads(threads: int | None) -> int:
+    if threads is None:
+        return max(1, os.cpu_count() or 1)
+    return v.integer("threads", threads, minimum=1, maximum=1024)
+
+
+def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | None,
+             threads: int | None, top_k: int, max_stages: int, max_tp: int,
+             micro_batch_sizes: Iterable[int], recompute: Iterable[str], schedule: str,
+             enforce_deadline: bool, prune: dict[str, bool] | None) -> Any:
+    o = core.SearchOptions()
+    objective = v.choice("objective", objective, ("cost", "time"))
+    o.objective = core.Objective.COST if objective == "cost" else core.Objective.TIME
+    if budget_usd is not None:
+        o.budget_usd = v.number("budget_usd", budget_usd, positive=True)
+    if time_limit_s is not None:
+        o.time_limit_s = v.number("time_limit_s", time_limit_s, positive=True, maximum=1e7)
+    o.threads = _threads(threads)
+    o.top_k = v.integer("top_k", top_k, minimum=1, maximum=1000)
+    o.max_stages = v.integer("max_stages", max_stages, minimum=1, maximum=1024)
+    o.max_tp = v.integer("max_tp", max_tp, minimum=1, maximum=1024)
+    mbs = list(micro_batch_sizes)
+    if not mbs:
+        msg = "micro_batch_sizes: expected at least one micro-batch size, got none"
+        raise SpecError(msg)
+    o.micro_batch_sizes = [v.integer("micro_batch_sizes[]", b, minimum=1, maximum=1 << 24)
+                           for b in mbs]
+    rcs = [v.choice("recompute[]", r, RECOMPUTE) for r in recompute]
+    if not rcs:
+        msg = "recompute: expected at least one of 'none', 'full', got none"
+        raise SpecError(msg)
+    o.recompute = [core.Recompute.NONE if r == "none" else core.Recompute.FULL for r in rcs]
+    schedule = v.choice("schedule", schedule, SCHEDULES)
+    o.schedule = core.Schedule.GPIPE if schedule == "gpipe" else core.Schedule.ONE_F_ONE_B
+    o.enforce_deadline = enforce_deadline
+    for rule, on in (prune or {}).items():
+        if rule not in PRUNING_RULES:
+            msg = f"prune: unknown rule {rule!r}; rules: {', '.join(PRUNING_RULES)}"
+            raise SpecError(msg)
+        setattr(o, f"prune_{rule}", bool(on))
+    return o
+
+
+def _job_workload(job: Job) -> Any:
+    w = core.Workload()
+    w.seq_len = job.seq_len
+    w.global_batch_size = job.global_batch_size
+    w.optimizer_bytes_per_param = job.optimizer_state_bytes
+    w.iterations = float(job.num_iterations)
+    w.deadline_hours = job.deadline_hours
+    w.micro_batch_size = 1
+    w.num_microbatches = 1
+    w.dp = 1
+    return w
+
+
+def _to_plan(sp: Any, job: Job, catalog: Catalog, cost: CostParams,
+             stats: dict[str, Any] | None) -> Plan:
+    w = sp.work
+    stages = tuple(Stage(gpu=catalog.gpus[s.gpu].name, tp=s.tp, layers=(s.layer_begin, s.layer_end))
+                   for s in sp.stages)
+    plan = Plan(job=job, stages=stages, dp=w.dp, micro_batch_size=w.micro_batch_size,
+                num_microbatches=w.num_microbatches,
+                schedule="gpipe" if w.schedule == core.Schedule.GPIPE else "1f1b",
+                recompute="full" if w.recompute == core.Recompute.FULL else "none",
+                cost_model=cost, stats=stats)
+    est = estimate(plan, catalog)
+    # The search optimised exactly what estimate() reports.
+    assert est.iteration_s == sp.estimate.iteration_s, (est.iteration_s, sp.estimate.iteration_s)
+    return replace(plan, estimate=est)
+
+
+def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
+           budget_usd: float | None = None, time_limit_s: float | None = None,
+           threads: int | None = None, top_k: int = 1, max_stages: int = 8, max_tp: int = 8,
+           micro_batch_sizes: Sequence[int] = (1, 2, 4, 8),
+           recompute: Sequence[str] = ("none", "full"), schedule: str = "1f1b",
+           cost_model: CostParams | None = None, enforce_deadline: bool = True,
+           prune: dict[str, bool] | None = None) -> SearchResult:
+    """Run the search and return up to ``top_k`` plans with the statistics.
+
+    The space: data-parallel degree (any divisor of the global batch), micro-batch size,
+    recomputation, and pipelines of up to ``max_stages`` stages, each a GPU type with a
+    power-of-two tensor-parallel width inside one node (at most ``max_tp``), in any order with
+    any contiguous layer split, within every type's availability. ``objective="cost"``
+    minimises total USD with total hours within the deadline; ``objective="time"`` minimises
+    total hours within ``budget_usd`` (the deadline is then ignored).
+    """
+    if not isinstance(job, Job):
+        msg = f"search: expected a Job, got {type(job).__name__}"
+        raise SpecError(msg)
+    catalog = Catalog.builtin() if catalog is None else catalog
+    cost = CostParams() if cost_model is None else cost_model
+    if objective == "time":
+        enforce_deadline = False
+    opts = _options(objective=objective, budget_usd=budget_usd, time_limit_s=time_limit_s,
+                    threads=threads, top_k=top_k, max_stages=max_stages, max_tp=max_tp,
+                    micro_batch_sizes=micro_batch_sizes, recompute=recompute,
+                    schedule=schedule, enforce_deadline=enforce_deadline, prune=prune)
+    try:
+        res = core.search(job.model._dims(), catalog._specs(), cost._core(), _job_workload(job),
+                          opts)
+    except ValueError as exc:
+        msg = f"search: {exc}"
+        raise SpecError(msg) from None
+    s = res.stats
+    best = res.plans[0].objective if res.plans else math.inf
+    gap = 0.0 if s.complete and res.plans else (
+        (best - s.lower_bound) / best if res.plans and best > 0 else math.inf)
+    stats = SearchStats(
+        nodes_expanded=s.nodes_expanded, nodes_generated=s.nodes_generated,
+        pruned={"cost": s.pruned_cost, "deadline": s.pruned_deadline, "memory": s.pruned_memory,
+                "availability": s.pruned_availability, "dominance": s.pruned_dominance},
+        leaves_placed=s.leaves_placed, placer_nodes=s.placer_nodes,
+        placer_leaves=s.placer_leaves, frontier_peak=s.frontier_peak, dives=s.dives,
+        combos=s.combos,
+        seconds=s.seconds, threads=s.threads, lower_bound=s.lower_bound, gap=max(0.0, gap),
+        complete=s.complete, timed_out=s.timed_out,
+        objective="cost" if opts.objective == core.Objective.COST else "time")
+    plans = [_to_plan(sp, job, catalog, cost, {**stats.to_dict(), "rank": i + 1})
+             for i, sp in enumerate(res.plans)]
+    return SearchResult(plans=plans, stats=stats)
+
+
+def _hours(h: float) -> str:
+    return f"{h:,.1f} h ({h / 24:,.1f} days)" if h >= 48 else f"{h:,.2f} h"
+
+
+def _rent(plan: Plan) -> str:
+    return " + ".join(f"{c} x {g}" for g, c in plan.gpus.items())
+
+
+def explain_infeasible(job: Job, catalog: Catalog, result: SearchResult,
+                       **kwargs: Any) -> InfeasibleError:
+    """Why the cost search found nothing: the deadline (with the fastest plan), memory,
+    availability, or the time limit."""
+    stats = result.stats
+    if not stats.complete:
+        return InfeasibleError(
+            f"no plan found within the time limit ({stats.seconds:.1f} s, "
+            f"{stats.nodes_expanded:,} nodes expanded); allow more time with time_limit_s "
+            "(--time-limit)", stats=stats)
+    kw = {k: val for k, val in kwargs.items() if k not in ("objective", "budget_usd", "top_k")}
+    fast = search(job, catalog, objective="time", **kw)
+    if fast.plans:
+        f = fast.plans[0]
+        assert f.estimate is not None
+        return InfeasibleError(
+            f"no plan meets the deadline of {_hours(job.deadline_hours)}; the fastest plan needs "
+            f"{_hours(f.estimate.total_hours)} on {_rent(f)} "
+            f"({f.num_stages} stages, dp {f.dp}) and costs ${f.estimate.total_usd:,.2f}",
+            fastest=f, stats=stats)
+    # Nothing runs at all: memory or availability.
+    model = job.model
+    cost = kwargs.get("cost_model") or CostParams()
+    states = model.num_params * (cost.bytes_per_weight + cost.bytes_per_grad
+                                 + job.optimizer_state_bytes)
+    usable = sum(max(0.0, g.memory_gb * (1 - cost.memory_reserve_fraction) - cost.reserved_gb)
+                 * g.count for g in catalog)
+    gpus = sum(g.count for g in catalog)
+    if gpus == 0:
+        return InfeasibleError("no plan: every GPU type in the catalog has count 0", stats=stats)
+    if states / 1e9 > usable:
+        return InfeasibleError(
+            f"{model.name} does not fit: its model states alone need {states / 1e9:,.1f} GB "
+            f"({model.num_params / 1e9:.2f}B parameters x "
+            f"{cost.bytes_per_weight + cost.bytes_per_grad + job.optimizer_state_bytes:g} bytes) "
+            f"but all {gpus} GPUs of the catalog together offer {usable:,.1f} GB usable",
+            stats=stats)
+    return InfeasibleError(
+        f"no arrangement of the catalog's GPUs fits {model.name} in memory within the search "
+        f"space (at most {kwargs.get('max_stages', 8)} stages, tensor parallelism up to "
+        f"{kwargs.get('max_tp', 8)} inside a node, micro-batch sizes "
+        f"{list(kwargs.get('micro_batch_sizes', (1, 2, 4, 8)))}): try a shorter sequence, more "
+        "stages, or recomputation", stats=stats)
+
+
+def plan(job: Job, catalog: Catalog | None = None, *, time_limit_s: float | None = None,
+         threads: int | None = None, top_k: int = 1, objective: str = "cost",
+         budget_usd: float | None = None, **space: Any) -> Plan:
+    """The cheapest plan that meets the job's deadline (``objective="cost"``), or the fastest
+    within ``budget_usd`` (``objective="time"``), with ``plan.estimate`` and ``plan.stats``
+    (nodes, pruning per rule, seconds, lower bound and gap: 0 is proven optimal).
+
+    Other keywords of :func:`search` (``max_stages``, ``max_tp``, ``micro_batch_sizes``,
+    ``recompute``, ``schedule``, ``cost_model``) shape the space.
+
+    Raises
+    ------
+    InfeasibleError
+        Nothing meets the job; the message explains why (e.g. the fastest plan's hours).
+    """
+    catalog = Catalog.builtin() if catalog is None else catalog
+    kwargs = dict(time_limit_s=time_limit_s, threads=threads, **space)
+    result = search(job, catalog, objective=objective, budget_usd=budget_usd, top_k=top_k,
+                    **kwargs)
+    if result.plans:
+        best = result.plans[0]
+        if len(result.plans) > 1:
+            assert best.stats is not None
+            alts = [{"total_usd": p.estimate.total_usd if p.estimate else None,
+                     "total_hours": p.estimate.total_hours if p.estimate else None,
+                     "gpus": p.gpus} for p in result.plans[1:]]
+            best = replace(best, stats={**best.stats, "alternatives": alts})
+        return best
+    if objective == "time":
+        raise InfeasibleError(
+            f"no plan fits within the budget of ${budget_usd:,.2f}" if budget_usd else
+            "no plan fits in memory within the search space", stats=result.stats)
+    raise explain_infeasible(job, catalog, result, **kwargs)
+
+
+def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
+          micro_batch_size: int = 1, recompute: str = "none", schedule: str = "1f1b",
+          catalog: Catalog | None = None, cost_model: CostParams | None = None) -> Plan:
+    """Arrange GPUs you already have: the stage order and layer split with the smallest
+    iteration time for the given stage groups ``[(gpu type, tp), ...]`` (one per stage).
+
+    Raises InfeasibleError when no split fits in memory."""
+    catalog = Catalog.builtin() if catalog is None else catalog
+    cost = CostParams() if cost_model is None else cost_model
+    groups = list(groups)
+    if not groups:
+        msg = "place: expected at least one (gpu, tp) stage group"
+        raise SpecError(msg)
+    names: list[str] = []
+    core_groups = []
+    for i, gr in enumerate(groups):
+        if not isinstance(gr, (tuple, list)) or len(gr) != 2:
+            msg = f"place: groups[{i}]: expected (gpu type, tp), got {gr!r}"
+            raise SpecError(msg)
+        name, tp = gr
+        catalog.index(name)
+        tp = v.integer(f"place: groups[{i}].tp", tp, minimum=1,
+                       maximum=catalog[name].gpus_per_node)
+        if name not in names:
+            names.append(name)
+        core_groups.append(core.StageGroup(names.index(name), tp))
+    if len(groups) > job.model.num_layers:
+        msg = (f"place: {len(groups)} stages but the model has only {job.model.num_layers} "
+               "blocks (each stage needs at least one)")
+        raise SpecError(msg)
+    B = job.global_batch_size
+    dp = v.integer("dp", dp, minimum=1)
+    micro_batch_size = v.integer("micro_batch_size", micro_batch_size, minimum=1)
+    if B % (dp * micro_batch_size):
+        msg = (f"place: the global batch {B} is not a multiple of dp {dp} x micro_batch_size "
+               f"{micro_batch_size}")
+        raise SpecError(msg)
+    probe = Plan(job=job, stages=tuple(Stage(gpu=n, tp=t, layers=(0, 1)) for n, t in groups),
+                 dp=dp, micro_batch_size=micro_batch_size,
+                 num_microbatches=B // (dp * micro_batch_size), recompute=recompute,
+                 schedule=schedule, cost_model=cost)
+    specs = [catalog[n]._spec() for n in names]
+    res = core.place(job.model._dims(), specs, cost._core(), _workload(probe), core_groups,
+                     core.PlaceOptions())
+    if not res.found:
+        msg = (f"place: no stage order and layer split of {[tuple(g) for g in groups]} fits "
+               f"{job.model.name} in memory with dp {dp}, micro-batch {micro_batch_size}, "
+               f"recompute {recompute}")
+        raise InfeasibleError(msg)
+    stages = tuple(Stage(gpu=names[s.gpu], tp=s.tp, layers=(s.layer_begin, s.layer_end))
+                   for s in res.stages)
+    out = Plan(job=job, stages=stages, dp=dp, micro_batch_size=micro_batch_size,
+               num_microbatches=probe.num_microbatches, recompute=probe.recompute,
+               schedule=probe.schedule, cost_model=cost,
+               stats={"placer_nodes": res.nodes, "placer_leaves": res.leaves,
+                      "exhaustive": res.exhaustive, "lower_bound_s": res.lower_bound_s})
+    return out.with_estimate(catalog)
