@@ -19,6 +19,7 @@ from .errors import EspressoError
 from .estimate import Estimate, estimate
 from .model import ModelSpec
 from .plan import Plan
+from .units import format_hours as _hours
 
 EXIT_OK = 0
 EXIT_INFEASIBLE = 1
@@ -35,14 +36,6 @@ def _console(stderr: bool = False) -> Console:
 
 def _catalog(path: str | None) -> Catalog:
     return Catalog.builtin() if path is None else Catalog.load(path)
-
-
-def _hours(h: float) -> str:
-    if h >= 48:
-        return f"{h:,.1f} h ({h / 24:,.1f} days)"
-    if h >= 1:
-        return f"{h:,.2f} h"
-    return f"{h * 60:,.1f} min"
 
 
 # ---------------------------------------------------------------------- gpus

@@ -16,6 +16,7 @@ from .errors import EspressoError, SpecError
 from .estimate import _workload, estimate
 from .job import Job
 from .plan import RECOMPUTE, SCHEDULES, Plan, Stage
+from .units import format_hours as _hours
 
 PRUNING_RULES = ("cost", "deadline", "memory", "dominance")
 """Pruning rules that can be switched off (availability is never violated: options beyond a
@@ -202,10 +203,6 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     return SearchResult(plans=plans, stats=stats)
 
 
-def _hours(h: float) -> str:
-    return f"{h:,.1f} h ({h / 24:,.1f} days)" if h >= 48 else f"{h:,.2f} h"
-
-
 def _rent(plan: Plan) -> str:
     return " + ".join(f"{c} x {g}" for g, c in plan.gpus.items())
 
@@ -228,7 +225,8 @@ def explain_infeasible(job: Job, catalog: Catalog, result: SearchResult,
         return InfeasibleError(
             f"no plan meets the deadline of {_hours(job.deadline_hours)}; the fastest plan needs "
             f"{_hours(f.estimate.total_hours)} on {_rent(f)} "
-            f"({f.num_stages} stages, dp {f.dp}) and costs ${f.estimate.total_usd:,.2f}",
+            f"({f.num_stages} stage{'s' if f.num_stages > 1 else ''}, dp {f.dp}) and costs "
+            f"${f.estimate.total_usd:,.2f}",
             fastest=f, stats=stats)
     # Nothing runs at all: memory or availability.
     model = job.model
@@ -316,6 +314,14 @@ def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
         if name not in names:
             names.append(name)
         core_groups.append(core.StageGroup(names.index(name), tp))
+    use: dict[str, int] = {}
+    for name, tp in groups:
+        use[name] = use.get(name, 0) + int(tp) * int(dp)
+    for name, n in use.items():
+        if n > catalog[name].count:
+            msg = (f"place: the groups use {n} x {name} (dp {dp} x tp summed over its stages) but "
+                   f"the catalog has {catalog[name].count}; raise its count if you own more")
+            raise SpecError(msg)
     if len(groups) > job.model.num_layers:
         msg = (f"place: {len(groups)} stages but the model has only {job.model.num_layers} "
                "blocks (each stage needs at least one)")

@@ -69,3 +69,14 @@ def parse_count(value: str | float | int, field: str = "tokens") -> int:
         msg = f"{field}: {value!r} is too large (at most {2**62:.3g})"
         raise JobError(msg)
     return round(count)
+
+
+def format_hours(hours: float) -> str:
+    """A duration for people: seconds, minutes, hours, or hours and days."""
+    if hours >= 48:
+        return f"{hours:,.1f} h ({hours / 24:,.1f} days)"
+    if hours >= 1:
+        return f"{hours:,.2f} h"
+    if hours * 60 >= 1:
+        return f"{hours * 60:,.1f} min"
+    return f"{hours * 3600:,.3g} s"

@@ -35,7 +35,8 @@ def multisets(groups: list[tuple[str, int]], max_len: int) -> Iterator[tuple[tup
 
 def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[int, ...] = (1, 2),
                 recompute: tuple[str, ...] = ("none", "full"), max_stages: int = 4,
-                max_tp: int = 8) -> tuple[float, es.Plan | None, int]:
+                max_tp: int = 8, cost_model: es.CostParams | None = None,
+                ) -> tuple[float, es.Plan | None, int]:
     """(best cost, best plan, plans estimated); cost is inf when nothing is feasible."""
     model = job.model
     groups = [(g.name, w) for g in catalog for w in widths(model, g, max_tp)]
@@ -63,7 +64,8 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                                 begin += n
                             plan = es.Plan(job=job, stages=tuple(stages), dp=dp,
                                            micro_batch_size=b, num_microbatches=m,
-                                           recompute=rc)
+                                           recompute=rc,
+                                           cost_model=cost_model or es.CostParams())
                             est = es.estimate(plan, catalog)
                             count += 1
                             if est.feasible and est.meets_deadline and est.total_usd < best:

@@ -1,0 +1,265 @@
+"""The search against a plain brute force, its pruning rules, threads, time limit,
+infeasible jobs and hostile inputs."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+from _bruteforce import brute_force, compositions
+
+import espresso as es
+
+BASE = es.Catalog.builtin()
+COST = es.CostParams(reserved_gb=0.0)
+SMALL = dict(micro_batch_sizes=(1, 2), max_tp=2, cost_model=COST, threads=1)
+
+
+def random_instance(seed: int, max_stages: int) -> tuple[es.Job, es.Catalog]:
+    """2-4 GPU types (at most 8 GPUs in all), a 4-12 block model whose memory needs are
+    comparable to the GPUs' (so memory binds), and a deadline that often binds."""
+    rng = random.Random(seed)
+    layers = rng.randint(4, 12) if max_stages <= 2 else rng.randint(4, 6)
+    model = es.ModelSpec(name=f"r{seed}", num_layers=layers, hidden_size=256, num_heads=8,
+                         num_kv_heads=rng.choice([8, 2]), ffn_hidden_size=rng.choice([512, 1024]),
+                         vocab_size=1000, gated_mlp=rng.random() < 0.5,
+                         tied_embeddings=rng.random() < 0.3)
+    names = rng.sample(BASE.names, rng.randint(2, 4))
+    budget = 8
+    gpus = []
+    for i, n in enumerate(names):
+        left = len(names) - i - 1
+        count = rng.randint(1, max(1, min(4, budget - left)))
+        budget -= count
+        g = BASE[n].to_dict()
+        g.update(count=count, memory_gb=round(rng.uniform(0.02, 0.12), 3),
+                 gpus_per_node=rng.choice([1, 2, 4]))
+        gpus.append(es.GpuType(**g))
+    catalog = es.Catalog(gpus=tuple(gpus))
+    # A deadline relative to the fastest plan of the instance: below it (infeasible), at it,
+    # or a little above (both bind and force mixes), or loose.
+    job = es.Job(model=model, seq_len=256, global_batch_size=2, iterations=1000,
+                 deadline_hours=1e6)
+    fastest = es.search(job, catalog, objective="time", max_stages=max_stages, **SMALL)
+    if fastest.plans:
+        hours = fastest.plans[0].estimate.total_hours  # type: ignore[union-attr]
+        job = es.Job(model=model, seq_len=256, global_batch_size=2, iterations=1000,
+                     deadline_hours=hours * rng.choice([0.9, 1.0 + 1e-9, 1.1, 1.5, 3.0, 100.0]))
+    return job, catalog
+
+
+def search_cost(job: es.Job, catalog: es.Catalog, max_stages: int, **kw: object) -> float:
+    r = es.search(job, catalog, max_stages=max_stages, **{**SMALL, **kw})  # type: ignore[arg-type]
+    assert r.stats.complete
+    return r.plans[0].estimate.total_usd if r.plans else math.inf  # type: ignore[union-attr]
+
+
+CASES = [(seed, 2) for seed in range(150)] + [(1000 + seed, 3) for seed in range(50)]
+
+
+@pytest.mark.parametrize(("seed", "max_stages"), CASES)
+def test_search_equals_brute_force(seed: int, max_stages: int) -> None:
+    job, catalog = random_instance(seed, max_stages)
+    expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=max_stages,
+                                    max_tp=2, cost_model=COST)
+    got = search_cost(job, catalog, max_stages)
+    if math.isinf(expected):
+        assert math.isinf(got)
+    else:
+        assert got == pytest.approx(expected, rel=1e-9), plan
+
+
+def test_instances_are_not_trivial() -> None:
+    """Across the random instances, memory and the deadline both bind sometimes and the
+    optimum mixes GPU types sometimes: the comparison above exercises the hard cases."""
+    mixed = infeasible = single = 0
+    for seed, ms in CASES[:60]:
+        job, catalog = random_instance(seed, ms)
+        r = es.search(job, catalog, max_stages=ms, **SMALL)  # type: ignore[arg-type]
+        if not r.plans:
+            infeasible += 1
+        elif len(r.plans[0].gpus) > 1:
+            mixed += 1
+        else:
+            single += 1
+    assert mixed >= 3 and infeasible >= 3 and single >= 3, (mixed, infeasible, single)
+
+
+@pytest.mark.parametrize("rule", ["cost", "deadline", "memory", "dominance"])
+def test_disabling_a_pruning_rule_keeps_the_optimum(rule: str) -> None:
+    for seed in range(40):
+        job, catalog = random_instance(seed, 2)
+        base = search_cost(job, catalog, 2)
+        off = search_cost(job, catalog, 2, prune={rule: False})
+        assert off == base or off == pytest.approx(base, rel=1e-12), (seed, rule)
+
+
+def _llama_job(deadline: str = "30d") -> es.Job:
+    return es.Job.from_dict(dict(model="llama2-7b", seq_len=4096, global_batch_size=512,
+                                 tokens="20B", deadline=deadline))
+
+
+def test_same_plan_whatever_the_thread_count() -> None:
+    for seed in range(20):
+        job, catalog = random_instance(seed, 2)
+        plans = [es.search(job, catalog, max_stages=2, **{**SMALL, "threads": t}).plans
+                 for t in (1, 2, 4)]
+        dicts = [[p.to_dict() | {"stats": None} for p in ps] for ps in plans]
+        assert dicts[0] == dicts[1] == dicts[2], seed
+    job = _llama_job("3d")
+    big = [es.plan(job, threads=t, max_stages=4) for t in (1, 2, 4)]
+    assert big[0].to_dict() | {"stats": None} == big[1].to_dict() | {"stats": None}
+    assert big[0].to_dict() | {"stats": None} == big[2].to_dict() | {"stats": None}
+    assert big[0].stats is not None and big[0].stats["gap"] == 0.0
+
+
+def test_time_limited_search_is_consistent() -> None:
+    job = _llama_job("12h")
+    full = es.search(job, max_stages=4, threads=2)
+    assert full.stats.complete and full.plans
+    optimum = full.plans[0].estimate.total_usd  # type: ignore[union-attr]
+    for limit in (0.05, 0.3):
+        r = es.search(job, max_stages=4, threads=2, time_limit_s=limit)
+        lb = r.stats.lower_bound
+        assert lb <= optimum * (1 + 1e-9)  # the bound never exceeds the true optimum
+        if r.plans:
+            est = r.plans[0].estimate
+            assert est is not None and est.feasible and est.meets_deadline
+            assert est.total_usd >= optimum * (1 - 1e-9)
+            assert lb <= est.total_usd * (1 + 1e-9)
+            assert r.stats.gap == pytest.approx((est.total_usd - lb) / est.total_usd, abs=1e-12) \
+                or r.stats.complete
+        if not r.stats.complete:
+            assert r.stats.timed_out
+
+
+def test_plan_is_exactly_what_estimate_says() -> None:
+    p = es.plan(_llama_job("3d"), max_stages=4)
+    again = es.estimate(es.Plan.from_json(p.to_json()))
+    assert again == p.estimate
+    assert p.estimate is not None and p.estimate.meets_deadline and p.estimate.feasible
+
+
+def test_objective_time_with_budget() -> None:
+    job = _llama_job("30d")
+    cheap = es.plan(job, max_stages=4)
+    assert cheap.estimate is not None
+    budget = cheap.estimate.total_usd * 1.5
+    fast = es.plan(job, objective="time", budget_usd=budget, max_stages=4)
+    assert fast.estimate is not None
+    assert fast.estimate.total_usd <= budget
+    assert fast.estimate.total_hours <= cheap.estimate.total_hours
+    with pytest.raises(es.InfeasibleError, match="budget"):
+        es.plan(job, objective="time", budget_usd=1.0, max_stages=4)
+
+
+def test_top_k_returns_distinct_allocations_in_order() -> None:
+    r = es.search(_llama_job("30d"), max_stages=2, top_k=3)
+    costs = [p.estimate.total_usd for p in r.plans]  # type: ignore[union-attr]
+    assert len(costs) == 3 and costs == sorted(costs)
+    assert len({(p.dp, p.micro_batch_size, p.recompute, p.stages) for p in r.plans}) == 3
+
+
+def test_deadline_infeasible_is_explained() -> None:
+    job = _llama_job("1h")
+    with pytest.raises(es.InfeasibleError) as info:
+        es.plan(job, max_stages=4)
+    msg = str(info.value)
+    assert "no plan meets the deadline of 1.00 h; the fastest plan needs" in msg
+    fastest = info.value.fastest
+    assert fastest is not None and fastest.estimate is not None
+    assert fastest.estimate.total_hours > 1.0
+    assert f"{fastest.estimate.total_hours:,.2f} h" in msg or "days" in msg
+
+
+def test_model_larger_than_all_memory() -> None:
+    tiny = es.Catalog.from_dict({"gpus": [BASE["T4"].to_dict() | {"count": 2}]})
+    job = es.Job.from_dict(dict(model="llama2-70b", seq_len=4096, global_batch_size=64,
+                                tokens="1B", deadline="30d"))
+    with pytest.raises(es.InfeasibleError, match="does not fit: its model states alone need"):
+        es.plan(job, tiny)
+
+
+def test_zero_availability_everywhere() -> None:
+    cat = es.Catalog.from_dict({"gpus": [g.to_dict() | {"count": 0} for g in BASE]})
+    with pytest.raises(es.InfeasibleError, match="count 0"):
+        es.plan(_llama_job(), cat)
+
+
+def test_one_second_deadline() -> None:
+    job = _llama_job("1s")
+    with pytest.raises(es.InfeasibleError, match="no plan meets the deadline"):
+        es.plan(job, max_stages=2, time_limit_s=20)
+
+
+def test_thousands_of_gpu_types_end_cleanly() -> None:
+    rng = random.Random(7)
+    gpus = []
+    for i in range(3000):
+        g = rng.choice(BASE.gpus).to_dict()
+        g.update(name=f"{g['name']}-r{i}", price_per_hour=g["price_per_hour"] * rng.uniform(0.5, 2),
+                 count=rng.randint(0, 16))
+        gpus.append(g)
+    cat = es.Catalog.from_dict({"gpus": gpus})
+    try:
+        p = es.plan(_llama_job("30d"), cat, time_limit_s=3, max_stages=2)
+    except es.InfeasibleError as exc:
+        assert "time limit" in str(exc)
+    else:
+        assert p.estimate is not None and p.estimate.feasible and p.estimate.meets_deadline
+        assert p.stats is not None and p.stats["seconds"] < 30
+
+
+def test_place_refuses_more_gpus_than_owned() -> None:
+    job, catalog = random_instance(3, 3)
+    g = catalog.gpus[0]
+    with pytest.raises(es.SpecError, match=f"use {g.count + 1} x {g.name}"):
+        es.place(job, [(g.name, 1)] * (g.count + 1), catalog=catalog)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"objective": "speed"}, "objective"),
+        ({"threads": 0}, "threads"),
+        ({"top_k": 0}, "top_k"),
+        ({"max_stages": 0}, "max_stages"),
+        ({"micro_batch_sizes": ()}, "micro_batch_sizes"),
+        ({"micro_batch_sizes": (0,)}, "micro_batch_sizes"),
+        ({"recompute": ("selective",)}, "recompute"),
+        ({"time_limit_s": -1}, "time_limit_s"),
+        ({"budget_usd": 0, "objective": "time"}, "budget_usd"),
+        ({"prune": {"speed": False}}, "unknown rule"),
+    ],
+)
+def test_bad_search_options(kw: dict[str, object], match: str) -> None:
+    with pytest.raises(es.SpecError, match=match):
+        es.search(_llama_job(), **kw)  # type: ignore[arg-type]
+
+
+def test_place_matches_exhaustive_orders_and_splits() -> None:
+    for seed in range(25):
+        job, catalog = random_instance(seed, 3)
+        rng = random.Random(seed)
+        pool = [g.name for g in catalog for _ in range(g.count)]
+        groups = [(n, 1) for n in rng.sample(pool, min(len(pool), rng.randint(1, 3)))]
+        best = math.inf
+        for order in set(itertools.permutations(groups)):
+            for split in compositions(job.model.num_layers, len(order)):
+                stages, b = [], 0
+                for (g, t), n in zip(order, split, strict=True):
+                    stages.append(es.Stage(gpu=g, tp=t, layers=(b, b + n)))
+                    b += n
+                est = es.estimate(es.Plan(job=job, stages=tuple(stages), num_microbatches=2,
+                                          cost_model=COST), catalog)
+                if est.feasible:
+                    best = min(best, est.iteration_s)
+        try:
+            placed = es.place(job, groups, catalog=catalog, cost_model=COST)
+        except es.InfeasibleError:
+            assert math.isinf(best), seed
+        else:
+            assert placed.estimate is not None
+            assert placed.estimate.iteration_s == pytest.approx(best, rel=1e-12), seed
