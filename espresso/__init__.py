@@ -48,9 +48,9 @@ __all__ = [
     "Stage",
     "StageEstimate",
     "estimate",
+    "parse_count",
+    "parse_hours",
     "place",
     "plan",
     "search",
-    "parse_count",
-    "parse_hours",
 ]

@@ -159,3 +159,84 @@ def simulate_pipeline(fwd_s: list[float], bwd_s: list[float], send_fwd_s: list[f
                       schedule: Schedule) -> PipelineResult: ...
 def closed_form_s(fwd_s: list[float], bwd_s: list[float], num_microbatches: int) -> float: ...
 def in_flight(schedule: Schedule, stage: int, num_stages: int, num_microbatches: int) -> int: ...
+
+class StageGroup:
+    gpu: int
+    tp: int
+    def __init__(self, gpu: int, tp: int) -> None: ...
+
+class PlaceOptions:
+    cutoff_s: float
+    node_limit: int
+    memo_limit: int
+    ratio_order: bool
+    def __init__(self) -> None: ...
+
+class Placement:
+    found: bool
+    stages: list[StageSpec]
+    iteration_s: float
+    lower_bound_s: float
+    exhaustive: bool
+    nodes: int
+    leaves: int
+
+class Objective(Enum):
+    COST = 0
+    TIME = 1
+
+class SearchOptions:
+    micro_batch_sizes: list[int]
+    recompute: list[Recompute]
+    schedule: Schedule
+    max_stages: int
+    max_tp: int
+    max_dp: int
+    objective: Objective
+    budget_usd: float
+    enforce_deadline: bool
+    time_limit_s: float
+    threads: int
+    top_k: int
+    max_frontier: int
+    placer: PlaceOptions
+    prune_cost: bool
+    prune_deadline: bool
+    prune_memory: bool
+    prune_dominance: bool
+    def __init__(self) -> None: ...
+
+class SearchStats:
+    nodes_expanded: int
+    nodes_generated: int
+    pruned_cost: int
+    pruned_deadline: int
+    pruned_memory: int
+    pruned_availability: int
+    pruned_dominance: int
+    leaves_placed: int
+    placer_nodes: int
+    placer_leaves: int
+    frontier_peak: int
+    dives: int
+    combos: int
+    seconds: float
+    lower_bound: float
+    complete: bool
+    timed_out: bool
+    threads: int
+
+class SearchPlan:
+    work: Workload
+    stages: list[StageSpec]
+    estimate: EstimateResult
+    objective: float
+
+class SearchResult:
+    plans: list[SearchPlan]
+    stats: SearchStats
+
+def place(model: ModelDims, gpus: list[GpuSpec], params: CostParams, work: Workload,
+          groups: list[StageGroup], options: PlaceOptions) -> Placement: ...
+def search(model: ModelDims, gpus: list[GpuSpec], params: CostParams, job: Workload,
+           options: SearchOptions) -> SearchResult: ...
