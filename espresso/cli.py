@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from rich.console import Console
 from rich.markup import escape
@@ -15,8 +20,11 @@ from rich.table import Table
 
 from . import __version__
 from .catalog import Catalog
-from .errors import EspressoError
+from .errors import EspressoError, JobError
 from .estimate import Estimate, estimate
+from .job import Job
+from .search import InfeasibleError, search
+from .search import plan as plan_search
 from .model import ModelSpec
 from .plan import Plan
 from .units import format_hours as _hours
@@ -156,6 +164,159 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return EXIT_OK if est.feasible else EXIT_INFEASIBLE
 
 
+
+# ---------------------------------------------------------------------- plan
+def _job_from_args(args: argparse.Namespace) -> Job:
+    data: dict[str, Any] = {}
+    if args.job:
+        loaded = yaml.safe_load(Path(args.job).read_text()) if Path(args.job).exists() else None
+        if not isinstance(loaded, dict):
+            msg = f"--job: {args.job!r} is not a readable YAML/JSON job file"
+            raise JobError(msg)
+        data.update(loaded)
+    for key, val in (("model", args.model), ("seq_len", args.seq_len),
+                     ("global_batch_size", args.global_batch), ("tokens", args.tokens),
+                     ("iterations", args.iterations), ("deadline_hours", args.deadline),
+                     ("optimizer", args.optimizer)):
+        if val is not None:
+            data[key] = val
+    if args.tokens is not None:
+        data.pop("iterations", None)
+    if args.iterations is not None:
+        data.pop("tokens", None)
+    data.pop("deadline", None) if "deadline_hours" in data and "deadline" in data else None
+    data.setdefault("seq_len", 4096)
+    data.setdefault("global_batch_size", 512)
+    for key, flag in (("model", "--model"), ("deadline_hours", "--deadline")):
+        if key not in data and not (key == "deadline_hours" and "deadline" in data):
+            msg = f"plan: {flag} is required (or give it in --job FILE)"
+            raise JobError(msg)
+    if "tokens" not in data and "iterations" not in data:
+        msg = "plan: give --tokens (e.g. 2e10 or 20B) or --iterations"
+        raise JobError(msg)
+    return Job.from_dict(data)
+
+
+def _run_with_progress(console: Console, label: str, fn: Any) -> Any:
+    """Run fn() in a worker thread; after one second show a spinner with the elapsed time."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        fut = pool.submit(fn)
+        try:
+            return fut.result(timeout=1.0)
+        except concurrent.futures.TimeoutError:
+            pass
+        start = time.monotonic()
+        with console.status(label) as status:
+            while True:
+                try:
+                    return fut.result(timeout=0.2)
+                except concurrent.futures.TimeoutError:
+                    status.update(f"{label} ({time.monotonic() - start + 1:.0f} s)")
+
+
+def print_plan(plan: Plan, console: Console, single: Plan | None) -> None:
+    est = plan.estimate
+    assert est is not None
+    job = plan.job
+    console.print(
+        f"[bold]{escape(job.model.name)}[/] ({job.model.num_params / 1e9:.2f}B parameters): "
+        f"seq {job.seq_len}, global batch {job.global_batch_size}, {est.iterations:,} "
+        f"iterations ({job.num_tokens / 1e9:,.2f}B tokens), deadline {_hours(job.deadline_hours)}"
+    )
+    parts = ", ".join(f"{c} x {escape(g)}" for g, c in est.gpus.items())
+    console.print(f"Rent: [bold]{parts}[/] (${est.hourly_usd:,.2f}/h).  dp {plan.dp}, "
+                  f"{plan.num_microbatches} micro-batches of {plan.micro_batch_size}, "
+                  f"{plan.schedule}, recompute {plan.recompute}")
+    table = Table(caption="f+b/mb: forward+backward of one micro-batch; *: bottleneck stage")
+    for col in ("stage", "GPU", "TP", "layers", "memory / usable", "f+b/mb", "busy/iter"):
+        table.add_column(col, justify="left" if col in ("GPU", "layers") else "right",
+                         no_wrap=True)
+    for st in est.stages:
+        mark = " *" if st.index == est.bottleneck_stage else ""
+        table.add_row(f"{st.index}{mark}", escape(st.gpu), str(st.tp),
+                      f"[{st.layers[0]}, {st.layers[1]})",
+                      f"{st.memory_gb:.1f} / {st.capacity_gb:.1f} GB",
+                      f"{st.fwd_s + st.bwd_s:.3f} s", f"{st.time_s:.2f} s")
+    console.print(table)
+    console.print(
+        f"Iteration {est.iteration_s:.3f} s (pipeline {est.pipeline_s:.3f}, bubble "
+        f"{est.bubble_fraction:.1%}; dp all-reduce {est.dp_allreduce_s:.3f}; optimizer "
+        f"{est.optimizer_step_s:.3f}); MFU {est.mfu:.1%}"
+    )
+    console.print(f"Total: {_hours(est.total_hours)}, [bold]${est.total_usd:,.2f}[/] "
+                  f"(deadline {_hours(job.deadline_hours)}: met)")
+    if single is not None and single.estimate is not None:
+        s_est = single.estimate
+        s_parts = ", ".join(f"{c} x {g}" for g, c in s_est.gpus.items())
+        if len(est.gpus) == 1:
+            console.print("Single GPU type: the cheapest plan already uses one type.")
+        else:
+            saving = 1 - est.total_usd / s_est.total_usd
+            console.print(
+                f"Versus the cheapest single-type plan ({escape(s_parts)}, "
+                f"${s_est.total_usd:,.2f}, {_hours(s_est.total_hours)}): saves "
+                f"[bold]{saving:.1%}[/]")
+    elif single is None and len(est.gpus) > 1:
+        console.print("Versus single-type plans: no single GPU type meets the deadline.")
+    stats = plan.stats or {}
+    pruned = stats.get("pruned", {})
+    proof = ("proven optimal within the cost model (gap 0)" if stats.get("gap") == 0.0
+             else f"gap {stats.get('gap', float('nan')):.2%} (search stopped early)"
+             if stats.get("gap") is not None else "no lower bound")
+    console.print(
+        f"Search: {stats.get('nodes_expanded', 0):,} nodes expanded, "
+        f"{stats.get('leaves_placed', 0):,} allocations placed, pruned "
+        + ", ".join(f"{k} {v:,}" for k, v in pruned.items())
+        + f"; {stats.get('seconds', 0.0):.2f} s on {stats.get('threads', 1)} threads; {proof}"
+    )
+
+
+def _single_type_best(job: Job, catalog: Catalog, kwargs: dict[str, Any]) -> Plan | None:
+    best: Plan | None = None
+    for g in catalog:
+        if g.count == 0:
+            continue
+        res = search(job, Catalog(gpus=(g,)), **kwargs)
+        if res.plans and res.plans[0].estimate is not None:
+            cand = res.plans[0]
+            assert cand.estimate is not None
+            if best is None or cand.estimate.total_usd < best.estimate.total_usd:  # type: ignore[union-attr]
+                best = cand
+    return best
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    catalog = _catalog(args.catalog)
+    job = _job_from_args(args)
+    console = _console()
+    kwargs: dict[str, Any] = dict(threads=args.threads, time_limit_s=args.time_limit,
+                                  max_stages=args.max_stages)
+    objective = "time" if args.budget is not None else "cost"
+    try:
+        best = _run_with_progress(
+            console, "Searching",
+            lambda: plan_search(job, catalog, objective=objective, budget_usd=args.budget,
+                                top_k=args.top_k, **kwargs))
+    except InfeasibleError as exc:
+        console.print(f"[red]No plan:[/] {escape(str(exc))}")
+        if exc.fastest is not None and args.json:
+            exc.fastest.to_json(args.json)
+            console.print(f"Wrote the fastest plan to {args.json}")
+        return EXIT_INFEASIBLE
+    single = None
+    if args.compare and len(catalog) > 1:
+        single = _run_with_progress(
+            console, "Comparing with single-type plans",
+            lambda: _single_type_best(job, catalog, {**kwargs, "objective": objective,
+                                                     "budget_usd": args.budget}))
+    if args.json:
+        best.to_json(args.json)
+    print_plan(best, console, single)
+    if args.json:
+        console.print(f"Wrote the plan to {args.json}")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -187,6 +348,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="OUT",
                    help="write the plan with its estimate as JSON to OUT ('-': stdout only)")
     p.set_defaults(func=cmd_estimate)
+
+    p = sub.add_parser(
+        "plan",
+        help="the cheapest plan that meets a deadline",
+        description="Search the cheapest plan (GPUs to rent, stages, layer split, dp, "
+        "micro-batches) that meets the deadline, exact within the cost model. Exit status: 0 "
+        "a plan, 1 no plan (the reason is printed), 2 bad input.",
+    )
+    p.add_argument("--model", help="preset name (espresso models), HF config.json, or model YAML")
+    p.add_argument("--tokens", help="training tokens, e.g. 2e10 or 20B")
+    p.add_argument("--iterations", help="optimizer steps (instead of --tokens)")
+    p.add_argument("--deadline", help="wall-clock limit, e.g. 7d, 36h, 90m (a number: hours)")
+    p.add_argument("--seq-len", type=int, help="sequence length (default 4096)")
+    p.add_argument("--global-batch", type=int, help="sequences per step (default 512)")
+    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), help="default adam")
+    p.add_argument("--job", metavar="FILE", help="job YAML/JSON; flags override its fields")
+    p.add_argument("--catalog", metavar="FILE", help="catalog YAML/JSON (default: built-in)")
+    p.add_argument("--json", metavar="OUT", help="write the plan (espresso.plan/1) to OUT")
+    p.add_argument("--threads", type=int, help="search threads (default: all cores)")
+    p.add_argument("--time-limit", type=float, metavar="S",
+                   help="stop after S seconds with the best plan so far and its gap")
+    p.add_argument("--budget", type=float, metavar="USD",
+                   help="instead: the fastest plan whose total cost is within USD")
+    p.add_argument("--top-k", type=int, default=1, help="also report the next best plans")
+    p.add_argument("--max-stages", type=int, default=8, help="pipeline depth at most (8)")
+    p.add_argument("--no-compare", dest="compare", action="store_false",
+                   help="skip the comparison with single-type plans")
+    p.set_defaults(func=cmd_plan)
     return parser
 
 

@@ -38,6 +38,7 @@ struct Node {
     double price = 0;        // per replica, USD per hour
     double rate = 0;         // per replica, effective FLOP/s
     double cap = 0;          // per replica, usable bytes
+    double min_stage_rate = 0;  // smallest tp * rate over the node's stages
     std::vector<Choice> choices;
 };
 
@@ -217,13 +218,23 @@ private:
 
     // ------------------------------------------------------------------ bounds
     // Lower bound on the objective of the node's own allocation (kInf: cannot work).
+    // The pipeline cannot use all of its rate: with P stages and M micro-batches, the fill
+    // term of the last stage, sum_{i<P-1} w_i + M w_{P-1} <= T together with M w_i <= T,
+    // lets a pipeline of total rate R do at most T/M (R - (P-1) R_last / M) work, R_last
+    // being at least the smallest stage rate (docs/search.md).
+    double effective_rate(const Node& n, const Combo& c) const {
+        if (n.stages <= 1) return n.rate;
+        return n.rate - d(n.stages - 1) * n.min_stage_rate / d(c.work.num_microbatches);
+    }
+
     double own_bound(const Node& n, const Combo& c) const {
         if (n.stages < 1 || n.stages > model_.num_layers) return kInf;
-        if (n.rate < c.rate_min) return kInf;
+        const double rate = effective_rate(n, c);
+        if (rate < c.rate_min) return kInf;
         if (opt_.prune_memory && n.cap < c.need_bytes) return kInf;
-        if (opt_.objective == Objective::Cost) return c.c0 * n.price / n.rate;
-        if (c.c0 * n.price / n.rate > opt_.budget_usd * (1 + kSlack)) return kInf;
-        return c.t0 / n.rate;
+        if (opt_.objective == Objective::Cost) return c.c0 * n.price / rate;
+        if (c.c0 * n.price / rate > opt_.budget_usd * (1 + kSlack)) return kInf;
+        return c.t0 / rate;
     }
 
     // Lower bound over completions that add stages of types at order positions >= next.
@@ -390,7 +401,7 @@ private:
         const double own = own_bound(node, c);
         if (node.stages >= 1) {
             if (!std::isfinite(own)) {
-                if (node.rate < c.rate_min) ++local.s.pruned_deadline;
+                if (effective_rate(node, c) < c.rate_min) ++local.s.pruned_deadline;
                 else if (node.cap < c.need_bytes) ++local.s.pruned_memory;
             } else if (beyond(own, thr)) {
                 ++local.s.pruned_cost;
@@ -468,6 +479,10 @@ private:
         ch.price = node.price + d(gpus_per_replica) * gpus_[st].price_per_hour;
         ch.rate = node.rate + d(gpus_per_replica) * rate_[st];
         ch.cap = node.cap + d(gpus_per_replica) * cap_[st];
+        ch.min_stage_rate = node.stages > 0 ? node.min_stage_rate : kInf;
+        for (std::size_t wi = 0; wi < ws.size(); ++wi) {
+            if (counts[wi] > 0) ch.min_stage_rate = std::min(ch.min_stage_rate, d(ws[wi]) * rate_[st]);
+        }
         ch.choices = node.choices;
         for (std::size_t wi = 0; wi < ws.size(); ++wi) {
             if (counts[wi] > 0) {
