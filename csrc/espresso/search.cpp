@@ -39,6 +39,8 @@ struct Node {
     double rate = 0;         // per replica, effective FLOP/s
     double cap = 0;          // per replica, usable bytes
     double min_stage_rate = 0;  // smallest tp * rate over the node's stages
+    std::int64_t max_layers = 0;  // blocks the stages could hold at most, memory-wise
+    bool tensor_parallel = false;  // some stage has tp > 1 (its forward carries TP all-reduces)
     std::vector<Choice> choices;
 };
 
@@ -64,6 +66,9 @@ struct Combo {
     double rate_min = 0;     // per-replica FLOP/s the deadline needs
     double need_bytes = 0;   // per-replica memory any plan needs
     std::vector<double> suffix_rate, suffix_cap;  // by order position
+    // Most blocks one stage of (type, width index) can hold: a middle stage with a single
+    // micro-batch in flight, the most lenient position (an upper bound for every position).
+    std::vector<std::vector<std::int64_t>> max_layers;
 };
 
 // A total order on plans with equal objective, so the answer never depends on timing.
@@ -209,6 +214,23 @@ private:
                         c.suffix_rate[p] = c.suffix_rate[p + 1] + per_replica * rate_[t];
                         c.suffix_cap[p] = c.suffix_cap[p + 1] + per_replica * cap_[t];
                     }
+                    c.max_layers.resize(gpus_.size());
+                    Workload lenient = c.work;
+                    lenient.schedule = Schedule::GPipe;
+                    lenient.num_microbatches = 1;
+                    for (const std::int64_t t : order_) {
+                        const auto st = static_cast<std::size_t>(t);
+                        for (const std::int64_t w : widths_[st]) {
+                            std::int64_t n = 0;
+                            while (n < model_.num_layers) {
+                                const StageEstimate e = stage_cost(model_, gpus_[st], params_, lenient,
+                                                                   w, n + 1, 1, 3);
+                                if (e.memory_bytes > e.capacity_bytes) break;
+                                ++n;
+                            }
+                            c.max_layers[st].push_back(n);
+                        }
+                    }
                     combos_.push_back(std::move(c));
                 }
             }
@@ -222,16 +244,32 @@ private:
     // term of the last stage, sum_{i<P-1} w_i + M w_{P-1} <= T together with M w_i <= T,
     // lets a pipeline of total rate R do at most T/M (R - (P-1) R_last / M) work, R_last
     // being at least the smallest stage rate (docs/search.md).
+    //
+    // Under 1F1B a second bound holds: T >= sum_i w_i + (M-1) w_k - (nf_k-1) f_k for every
+    // stage k, with nf_k <= P forwards before its first backward and f_k <= w_k / q (q = 3, or
+    // 4 with recomputation, since a backward computes at least twice a forward; q = 2 when a
+    // stage is tensor-parallel, as both directions carry the same all-reduces). Maximising the
+    // work a pipeline of total rate R can do under it gives T >= W (M + (P-1)(1-1/q)) / R.
     double effective_rate(const Node& n, const Combo& c) const {
         if (n.stages <= 1) return n.rate;
-        return n.rate - d(n.stages - 1) * n.min_stage_rate / d(c.work.num_microbatches);
+        const double M = d(c.work.num_microbatches), P = d(n.stages);
+        double rate = n.rate - (P - 1) * n.min_stage_rate / M;
+        if (c.work.schedule == Schedule::OneFOneB) {
+            const double q = n.tensor_parallel ? 2.0
+                             : c.work.recompute == Recompute::Full ? 4.0
+                                                                   : 3.0;
+            rate = std::min(rate, n.rate * M / (M + (P - 1) * (1 - 1 / q)));
+        }
+        return rate;
     }
 
     double own_bound(const Node& n, const Combo& c) const {
         if (n.stages < 1 || n.stages > model_.num_layers) return kInf;
         const double rate = effective_rate(n, c);
         if (rate < c.rate_min) return kInf;
-        if (opt_.prune_memory && n.cap < c.need_bytes) return kInf;
+        if (opt_.prune_memory && (n.cap < c.need_bytes || n.max_layers < model_.num_layers)) {
+            return kInf;
+        }
         if (opt_.objective == Objective::Cost) return c.c0 * n.price / rate;
         if (c.c0 * n.price / rate > opt_.budget_usd * (1 + kSlack)) return kInf;
         return c.t0 / rate;
@@ -402,7 +440,7 @@ private:
         if (node.stages >= 1) {
             if (!std::isfinite(own)) {
                 if (effective_rate(node, c) < c.rate_min) ++local.s.pruned_deadline;
-                else if (node.cap < c.need_bytes) ++local.s.pruned_memory;
+                else ++local.s.pruned_memory;
             } else if (beyond(own, thr)) {
                 ++local.s.pruned_cost;
             } else {
@@ -479,7 +517,15 @@ private:
         ch.price = node.price + d(gpus_per_replica) * gpus_[st].price_per_hour;
         ch.rate = node.rate + d(gpus_per_replica) * rate_[st];
         ch.cap = node.cap + d(gpus_per_replica) * cap_[st];
+        ch.max_layers = node.max_layers;
+        for (std::size_t wi = 0; wi < ws.size(); ++wi) {
+            ch.max_layers += counts[wi] * c.max_layers[st][wi];
+        }
         ch.min_stage_rate = node.stages > 0 ? node.min_stage_rate : kInf;
+        ch.tensor_parallel = node.tensor_parallel;
+        for (std::size_t wi = 0; wi < ws.size(); ++wi) {
+            if (counts[wi] > 0 && ws[wi] > 1) ch.tensor_parallel = true;
+        }
         for (std::size_t wi = 0; wi < ws.size(); ++wi) {
             if (counts[wi] > 0) ch.min_stage_rate = std::min(ch.min_stage_rate, d(ws[wi]) * rate_[st]);
         }
