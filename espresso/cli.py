@@ -304,7 +304,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             console.print(f"Wrote the fastest plan to {args.json}")
         return EXIT_INFEASIBLE
     single = None
-    if args.compare and len(catalog) > 1:
+    assert best.estimate is not None
+    if args.compare and len(best.estimate.gpus) > 1:
         single = _run_with_progress(
             console, "Comparing with single-type plans",
             lambda: _single_type_best(job, catalog, {**kwargs, "objective": objective,

@@ -28,6 +28,6 @@ def test_readme_python_example(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_readme_names_both_setup_commands() -> None:
     text = (ROOT / "README.md").read_text()
-    assert "pip install . && espresso estimate examples/plans/llama2-7b-a100-l40s.json" in text
+    assert "pip install . && espresso plan --model llama2-7b --tokens 2e10 --deadline 7d" in text
     assert 'pip install -e ".[test]" && pytest' in text
     assert (ROOT / "examples/plans/llama2-7b-a100-l40s.json").exists()
