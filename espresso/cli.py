@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -23,10 +22,10 @@ from .catalog import Catalog
 from .errors import EspressoError, JobError
 from .estimate import Estimate, estimate
 from .job import Job
-from .search import InfeasibleError, search
-from .search import plan as plan_search
 from .model import ModelSpec
 from .plan import Plan
+from .search import InfeasibleError, search
+from .search import plan as plan_search
 from .units import format_hours as _hours
 
 EXIT_OK = 0
