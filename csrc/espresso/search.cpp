@@ -61,6 +61,7 @@ struct NodeOrder {
 struct Combo {
     Workload work;
     double flops_mb = 0;     // FLOPs of one micro-batch through the whole model, fwd + bwd
+    double block_flops = 0;  // FLOPs of one block for one micro-batch, fwd + bwd (+ recompute)
     double c0 = 0;           // cost = c0 * price / rate at best (cost objective)
     double t0 = 0;           // hours = t0 / rate at best (time objective)
     double rate_min = 0;     // per-replica FLOP/s the deadline needs
@@ -195,6 +196,7 @@ private:
                     const double blk = block_fwd_flops(model_, job_.seq_len, b);
                     const double head = head_fwd_flops(model_, job_.seq_len, b);
                     c.flops_mb = L * blk * (rc == Recompute::Full ? 4.0 : 3.0) + 3.0 * head;
+                    c.block_flops = blk * (rc == Recompute::Full ? 4.0 : 3.0);
                     const double iter_flops = d(c.work.num_microbatches) * c.flops_mb;
                     c.c0 = job_.iterations / 3600.0 * d(dp) * iter_flops;
                     c.t0 = job_.iterations / 3600.0 * iter_flops;
@@ -263,6 +265,47 @@ private:
         return rate;
     }
 
+    // Whole blocks: some stage holds at least its share, rounded up. The smallest possible
+    // bottleneck tau (per micro-batch) is the least tau at which every stage can take at
+    // least one block and together they take all L, each at most min(tau / t_i, its memory
+    // limit) blocks, t_i = block FLOPs / stage rate (TP communication and the head only add).
+    double bottleneck_bound(const Node& n, const Combo& c) const {
+        struct G {
+            double t;
+            std::int64_t cap, count;
+        };
+        std::vector<G> gs;
+        std::vector<double> cand;
+        const std::int64_t L = model_.num_layers;
+        for (const Choice& ch : n.choices) {
+            const auto st = static_cast<std::size_t>(ch.type);
+            const auto& ws = widths_[st];
+            const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
+            const std::int64_t cap = opt_.prune_memory ? c.max_layers[st][wi] : L;
+            const double t = c.block_flops / (d(ch.tp) * rate_[st]);
+            gs.push_back({t, cap, ch.count});
+            for (std::int64_t k = 1; k <= std::min(cap, L); ++k) cand.push_back(d(k) * t);
+        }
+        std::sort(cand.begin(), cand.end());
+        auto feasible = [&](double tau) {
+            std::int64_t total = 0;
+            for (const G& g : gs) {
+                const auto fit = std::min<std::int64_t>(
+                    g.cap, static_cast<std::int64_t>(std::floor(tau / g.t * (1 + 1e-12))));
+                if (fit < 1) return false;
+                total += fit * g.count;
+            }
+            return total >= L;
+        };
+        std::size_t lo = 0, hi = cand.size();
+        while (lo < hi) {
+            const std::size_t mid = (lo + hi) / 2;
+            if (feasible(cand[mid])) hi = mid;
+            else lo = mid + 1;
+        }
+        return lo < cand.size() ? cand[lo] * (1 - 1e-12) : kInf;
+    }
+
     double own_bound(const Node& n, const Combo& c) const {
         if (n.stages < 1 || n.stages > model_.num_layers) return kInf;
         const double rate = effective_rate(n, c);
@@ -270,9 +313,19 @@ private:
         if (opt_.prune_memory && (n.cap < c.need_bytes || n.max_layers < model_.num_layers)) {
             return kInf;
         }
-        if (opt_.objective == Objective::Cost) return c.c0 * n.price / rate;
-        if (c.c0 * n.price / rate > opt_.budget_usd * (1 + kSlack)) return kInf;
-        return c.t0 / rate;
+        // Iteration time at least: the average-rate bound, or M times the bottleneck.
+        const double M = d(c.work.num_microbatches);
+        const double tau = bottleneck_bound(n, c);
+        if (!std::isfinite(tau)) return kInf;
+        const double t_iter = std::max(M * c.flops_mb / rate, M * tau);
+        const double hours = job_.iterations * t_iter / 3600.0;
+        if (opt_.enforce_deadline && opt_.prune_deadline && hours > job_.deadline_hours * (1 + kSlack)) {
+            return kInf;
+        }
+        const double usd = hours * d(c.work.dp) * n.price;
+        if (opt_.objective == Objective::Cost) return usd;
+        if (usd > opt_.budget_usd * (1 + kSlack)) return kInf;
+        return hours;
     }
 
     // Lower bound over completions that add stages of types at order positions >= next.
@@ -439,8 +492,12 @@ private:
         const double own = own_bound(node, c);
         if (node.stages >= 1) {
             if (!std::isfinite(own)) {
-                if (effective_rate(node, c) < c.rate_min) ++local.s.pruned_deadline;
-                else ++local.s.pruned_memory;
+                const bool memory = node.cap < c.need_bytes ||
+                                    node.max_layers < model_.num_layers ||
+                                    !std::isfinite(bottleneck_bound(node, c));
+                if (memory && opt_.prune_memory) ++local.s.pruned_memory;
+                else if (opt_.objective == Objective::Time) ++local.s.pruned_cost;  // budget
+                else ++local.s.pruned_deadline;
             } else if (beyond(own, thr)) {
                 ++local.s.pruned_cost;
             } else {
