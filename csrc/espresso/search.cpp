@@ -39,6 +39,7 @@ struct Node {
     double rate = 0;         // per replica, effective FLOP/s
     double cap = 0;          // per replica, usable bytes
     double min_stage_rate = 0;  // smallest tp * rate over the node's stages
+    double block_rate = 0;   // per replica: block FLOPs per second, TP all-reduces included
     std::int64_t max_layers = 0;  // blocks the stages could hold at most, memory-wise
     bool tensor_parallel = false;  // some stage has tp > 1 (its forward carries TP all-reduces)
     std::vector<Choice> choices;
@@ -62,6 +63,7 @@ struct Combo {
     Workload work;
     double flops_mb = 0;     // FLOPs of one micro-batch through the whole model, fwd + bwd
     double block_flops = 0;  // FLOPs of one block for one micro-batch, fwd + bwd (+ recompute)
+    double c0_blocks = 0, t0_blocks = 0, block_rate_min = 0;  // the same, blocks only
     double c0 = 0;           // cost = c0 * price / rate at best (cost objective)
     double t0 = 0;           // hours = t0 / rate at best (time objective)
     double rate_min = 0;     // per-replica FLOP/s the deadline needs
@@ -203,6 +205,12 @@ private:
                     c.rate_min = opt_.enforce_deadline && opt_.prune_deadline
                                      ? job_.iterations * iter_flops / (3600.0 * job_.deadline_hours)
                                      : 0.0;
+                    const double iter_blocks = d(c.work.num_microbatches) * L * c.block_flops;
+                    c.c0_blocks = job_.iterations / 3600.0 * d(dp) * iter_blocks;
+                    c.t0_blocks = job_.iterations / 3600.0 * iter_blocks;
+                    c.block_rate_min = opt_.enforce_deadline && opt_.prune_deadline
+                                           ? job_.iterations * iter_blocks / (3600.0 * job_.deadline_hours)
+                                           : 0.0;
                     const double states = params_.bytes_per_weight + params_.bytes_per_grad +
                                           job_.optimizer_bytes_per_param / (params_.zero1 ? d(dp) : 1.0);
                     c.need_bytes = total_params(model_) * states +
@@ -268,7 +276,19 @@ private:
     // Whole blocks: some stage holds at least its share, rounded up. The smallest possible
     // bottleneck tau (per micro-batch) is the least tau at which every stage can take at
     // least one block and together they take all L, each at most min(tau / t_i, its memory
-    // limit) blocks, t_i = block FLOPs / stage rate (TP communication and the head only add).
+    // limit) blocks, t_i = block_time (the head and transfers only add).
+    // Time of one block for one micro-batch on a stage of `tp` GPUs of `type`: compute plus
+    // the tensor-parallel all-reduces (2 forward, 2 backward, 2 more when recomputing), as
+    // stage_cost() counts them.
+    double block_time(const Combo& c, std::int64_t type, std::int64_t tp) const {
+        const auto st = static_cast<std::size_t>(type);
+        const double msg = d(c.work.seq_len) * d(c.work.micro_batch_size) *
+                           d(model_.hidden_size) * params_.bytes_per_activation;
+        const double ar = ring_allreduce_s(msg, tp, gpus_[st].intra_node_gbs, params_);
+        const double n_ar = c.work.recompute == Recompute::Full ? 6.0 : 4.0;
+        return c.block_flops / (d(tp) * rate_[st]) + n_ar * ar;
+    }
+
     double bottleneck_bound(const Node& n, const Combo& c) const {
         struct G {
             double t;
@@ -282,7 +302,7 @@ private:
             const auto& ws = widths_[st];
             const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
             const std::int64_t cap = opt_.prune_memory ? c.max_layers[st][wi] : L;
-            const double t = c.block_flops / (d(ch.tp) * rate_[st]);
+            const double t = block_time(c, ch.type, ch.tp);
             gs.push_back({t, cap, ch.count});
             for (std::int64_t k = 1; k <= std::min(cap, L); ++k) cand.push_back(d(k) * t);
         }
@@ -317,7 +337,23 @@ private:
         const double M = d(c.work.num_microbatches);
         const double tau = bottleneck_bound(n, c);
         if (!std::isfinite(tau)) return kInf;
-        const double t_iter = std::max(M * c.flops_mb / rate, M * tau);
+        double t_iter = std::max({M * c.flops_mb / rate, M * tau,
+                                  M * d(model_.num_layers) * c.block_flops / n.block_rate});
+        if (c.work.schedule == Schedule::OneFOneB && n.stages > 1) {
+            // The second pipeline bound with k the bottleneck stage (w_k >= tau) and
+            // sum_i w_i >= L blocks at the fastest per-block time (docs/search.md).
+            const double q = n.tensor_parallel ? 2.0
+                             : c.work.recompute == Recompute::Full ? 4.0
+                                                                   : 3.0;
+            const double a = M - 1 - d(n.stages - 1) / q;
+            if (a > 0) {
+                double t_min = kInf;
+                for (const Choice& ch : n.choices) {
+                    t_min = std::min(t_min, block_time(c, ch.type, ch.tp));
+                }
+                t_iter = std::max(t_iter, d(model_.num_layers) * t_min + a * tau);
+            }
+        }
         const double hours = job_.iterations * t_iter / 3600.0;
         if (opt_.enforce_deadline && opt_.prune_deadline && hours > job_.deadline_hours * (1 + kSlack)) {
             return kInf;
@@ -344,14 +380,24 @@ private:
         if (xmax <= 0 || n.rate + xmax < c.rate_min) return kInf;
         const auto t = static_cast<std::size_t>(order_[p]);
         const double rho = gpus_[t].price_per_hour / rate_[t];
-        const double xlo = std::min(xmax, std::max(xmin, c.rate_min - n.rate));
-        auto ratio = [&](double x) {
-            return n.rate + x > 0 ? (n.price + rho * x) / (n.rate + x) : rho;
+        // The same bound twice: over all FLOPs at peak-times-efficiency rates, and over the
+        // blocks' FLOPs at the chosen stages' block rates (which include their TP
+        // all-reduces); added GPUs never exceed their raw rate in either.
+        auto best_ratio = [&](double rate, double rate_min) {
+            if (rate + xmax < rate_min) return kInf;
+            const double xlo = std::min(xmax, std::max(xmin, rate_min - rate));
+            auto ratio = [&](double x) {
+                return rate + x > 0 ? (n.price + rho * x) / (rate + x) : rho;
+            };
+            return std::min(ratio(xlo > 0 ? xlo : 1e-300), ratio(xmax));
         };
-        const double best_ratio = std::min(ratio(xlo > 0 ? xlo : 1e-300), ratio(xmax));
-        if (opt_.objective == Objective::Cost) return c.c0 * best_ratio;
-        if (c.c0 * best_ratio > opt_.budget_usd * (1 + kSlack)) return kInf;
-        return c.t0 / (n.rate + xmax);
+        const double raw = best_ratio(n.rate, c.rate_min);
+        const double blocks = best_ratio(n.block_rate, c.block_rate_min);
+        if (!std::isfinite(raw) || !std::isfinite(blocks)) return kInf;
+        const double usd = std::max(c.c0 * raw, c.c0_blocks * blocks);
+        if (opt_.objective == Objective::Cost) return usd;
+        if (usd > opt_.budget_usd * (1 + kSlack)) return kInf;
+        return std::max(c.t0 / (n.rate + xmax), c.t0_blocks / (n.block_rate + xmax));
     }
 
     double bound(const Node& n) const {
@@ -574,6 +620,10 @@ private:
         ch.price = node.price + d(gpus_per_replica) * gpus_[st].price_per_hour;
         ch.rate = node.rate + d(gpus_per_replica) * rate_[st];
         ch.cap = node.cap + d(gpus_per_replica) * cap_[st];
+        ch.block_rate = node.block_rate;
+        for (std::size_t wi = 0; wi < ws.size(); ++wi) {
+            if (counts[wi] > 0) ch.block_rate += d(counts[wi]) * c.block_flops / block_time(c, t, ws[wi]);
+        }
         ch.max_layers = node.max_layers;
         for (std::size_t wi = 0; wi < ws.size(); ++wi) {
             ch.max_layers += counts[wi] * c.max_layers[st][wi];
