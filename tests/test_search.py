@@ -264,3 +264,24 @@ def test_place_matches_exhaustive_orders_and_splits() -> None:
         else:
             assert placed.estimate is not None
             assert placed.estimate.iteration_s == pytest.approx(best, rel=1e-12), seed
+
+
+def test_depth_first_dives_keep_the_optimum() -> None:
+    """With a tiny best-first frontier the search finishes subtrees depth-first (bounded
+    memory); the optimum must not change."""
+    from espresso import _core
+    from espresso.search import _job_workload, _options
+
+    job = _llama_job("3d")
+    cat = es.Catalog.builtin()
+    opts = _options(objective="cost", budget_usd=None, time_limit_s=None, threads=2, top_k=1,
+                    max_stages=4, max_tp=8, micro_batch_sizes=(1, 2, 4, 8),
+                    recompute=("none", "full"), schedule="1f1b", enforce_deadline=True,
+                    prune=None)
+    args = (job.model._dims(), cat._specs(), es.CostParams()._core(), _job_workload(job))
+    full = _core.search(*args, opts)
+    opts.max_frontier = 5
+    small = _core.search(*args, opts)
+    assert small.stats.dives > 0
+    assert small.stats.complete
+    assert small.plans[0].objective == full.plans[0].objective
