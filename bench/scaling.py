@@ -16,8 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import espresso as es  # noqa: E402
-from test_bench_search import catalog_64  # noqa: E402
+from test_bench_search import catalog_64
+
+import espresso as es
 
 
 def widths(model: es.ModelSpec, g: es.GpuType, max_tp: int = 8) -> int:
@@ -48,7 +49,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     full = catalog_64()
-    rows = ["| types | blocks | seconds | nodes expanded | allocations placed | proven | best USD | brute-force plans |",
+    rows = ["| types | blocks | seconds | nodes expanded | allocations placed | proven | best USD "
+            "| brute-force plans |",
             "|---:|---:|---:|---:|---:|---|---:|---:|"]
     for n_types in (4, 16, 64):
         cat = es.Catalog(gpus=full.gpus[:n_types])
