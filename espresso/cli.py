@@ -22,6 +22,7 @@ from .catalog import Catalog
 from .errors import EspressoError, JobError
 from .estimate import Estimate, estimate
 from .job import Job
+from .launch import load_hosts, torchrun_commands
 from .model import ModelSpec
 from .plan import Plan
 from .search import InfeasibleError, search
@@ -317,6 +318,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+
+# ---------------------------------------------------------------------- launch
+def cmd_launch(args: argparse.Namespace) -> int:
+    plan = Plan.from_json(args.plan)
+    hosts = load_hosts(args.hosts)
+    cmds = torchrun_commands(str(args.plan), plan, hosts, args.script,
+                             master_port=args.port, script_args=args.script_args or "")
+    if args.out_dir:
+        out = Path(args.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for i, c in enumerate(cmds):
+            path = out / f"node{i}.sh"
+            path.write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + c + "\n")
+            path.chmod(0o755)
+        print(f"wrote {len(cmds)} scripts to {out}/node*.sh")
+    else:
+        print("\n\n".join(cmds))
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -376,6 +397,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-compare", dest="compare", action="store_false",
                    help="skip the comparison with single-type plans")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser(
+        "launch",
+        help="the torchrun command for every node of a plan",
+        description="Map the plan's ranks onto hosts (address, GPU type, GPU count) and print "
+        "the torchrun command of each node, or write one script per node.",
+    )
+    p.add_argument("plan", help="plan JSON file")
+    p.add_argument("--hosts", required=True, metavar="FILE",
+                   help="YAML: hosts: [{address: 10.0.0.1, gpu: A100-80GB, gpus: 8}, ...]")
+    p.add_argument("--script", default="train.py", help="training script (default train.py)")
+    p.add_argument("--script-args", default="", help="arguments for the script")
+    p.add_argument("--port", type=int, default=29500, help="process-group port on the first host")
+    p.add_argument("--out-dir", metavar="DIR", help="write node<i>.sh scripts instead")
+    p.set_defaults(func=cmd_launch)
     return parser
 
 

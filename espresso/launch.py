@@ -1,0 +1,176 @@
+"""The rank layout of a plan and the torchrun command for every node (no torch needed).
+
+Layout, derived from the plan alone so every node computes the same one: global ranks are
+numbered stage by stage (stage 0 first); inside a stage, replica by replica; inside a
+replica, tensor-parallel rank by rank::
+
+    rank = first_rank(stage) + replica * tp(stage) + tp_index
+    first_rank(stage) = dp * sum(tp of the earlier stages)
+
+So each stage's ``dp * tp`` ranks are contiguous and live on nodes of that stage's GPU type,
+a TP group is contiguous (inside one node), and replicas of a stage sit side by side, as the
+cost model's placement assumes (docs/cost-model.md).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import _validate as v
+from .errors import SpecError
+from .plan import Plan
+
+
+class LaunchError(SpecError):
+    """The hosts cannot hold the plan, or a hosts file is malformed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankInfo:
+    """Where one global rank sits in the plan."""
+
+    rank: int
+    stage: int
+    replica: int
+    tp_index: int
+    gpu: str
+    layers: tuple[int, int]
+
+
+def rank_layout(plan: Plan) -> list[RankInfo]:
+    """Every global rank of the plan, in rank order (see the module docstring)."""
+    out: list[RankInfo] = []
+    for s, st in enumerate(plan.stages):
+        for r in range(plan.dp):
+            for t in range(st.tp):
+                out.append(RankInfo(rank=len(out), stage=s, replica=r, tp_index=t, gpu=st.gpu,
+                                    layers=st.layers))
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Host:
+    """One machine: its address, GPU type and how many of those GPUs it has."""
+
+    address: str
+    gpu: str
+    gpus: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "address", v.string("host.address", self.address,
+                                                     err=LaunchError))
+        object.__setattr__(self, "gpu", v.string("host.gpu", self.gpu, err=LaunchError))
+        object.__setattr__(self, "gpus", v.integer("host.gpus", self.gpus, minimum=1,
+                                                   maximum=1024, err=LaunchError))
+
+
+def load_hosts(path: str | Path) -> list[Host]:
+    """Read ``hosts: [{address, gpu, gpus}, ...]`` from YAML or JSON."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        msg = f"hosts: no such file {str(path)!r}"
+        raise LaunchError(msg) from None
+    except yaml.YAMLError as exc:
+        msg = f"hosts: cannot parse {str(path)!r}: {exc}"
+        raise LaunchError(msg) from None
+    return hosts_from_dict(data)
+
+
+def hosts_from_dict(data: Any) -> list[Host]:
+    data = v.mapping("hosts file", data, err=LaunchError)
+    v.known_keys("hosts file", data, ["hosts"], ["hosts"], err=LaunchError)
+    items = data["hosts"]
+    if not isinstance(items, list) or not items:
+        msg = f"hosts: expected a non-empty list of hosts, got {items!r}"
+        raise LaunchError(msg)
+    hosts = []
+    names = [f.name for f in fields(Host)]
+    for i, h in enumerate(items):
+        h = v.mapping(f"hosts[{i}]", h, err=LaunchError)
+        v.known_keys(f"hosts[{i}]", h, names, names, err=LaunchError)
+        hosts.append(Host(**dict(h)))
+    return hosts
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeAssignment:
+    """The ranks one torchrun runs on a host: ``first_rank .. first_rank + nproc - 1`` on
+    the host's GPUs ``device_offset .. device_offset + nproc - 1``."""
+
+    node_rank: int
+    host: Host
+    first_rank: int
+    nproc: int
+    device_offset: int
+
+
+def assign_hosts(plan: Plan, hosts: list[Host]) -> list[NodeAssignment]:
+    """Give every rank a GPU on a host of its stage's type, filling hosts in file order.
+
+    Raises LaunchError saying precisely what is missing when the hosts cannot hold the plan.
+    """
+    layout = rank_layout(plan)
+    need: dict[str, int] = {}
+    for r in layout:
+        need[r.gpu] = need.get(r.gpu, 0) + 1
+    have: dict[str, int] = {}
+    for h in hosts:
+        have[h.gpu] = have.get(h.gpu, 0) + h.gpus
+    short = [f"{n - have.get(g, 0)} more {g} (plan needs {n}, hosts have {have.get(g, 0)})"
+             for g, n in need.items() if have.get(g, 0) < n]
+    if short:
+        msg = "hosts cannot hold the plan: missing " + "; ".join(short)
+        raise LaunchError(msg)
+    # Ranks of one GPU type form contiguous runs (stage by stage); hand each run to the hosts
+    # of that type in order, a host taking a contiguous block of ranks.
+    free = {i: h.gpus for i, h in enumerate(hosts)}
+    assigned: list[tuple[int, int, int]] = []  # (host index, first rank, count)
+    r = 0
+    while r < len(layout):
+        gpu = layout[r].gpu
+        run_end = r
+        while run_end < len(layout) and layout[run_end].gpu == gpu:
+            run_end += 1
+        while r < run_end:
+            host = next(i for i, h in enumerate(hosts) if h.gpu == gpu and free[i] > 0)
+            take = min(free[host], run_end - r)
+            free[host] -= take
+            assigned.append((host, r, take))
+            r += take
+    # One torchrun per (host, contiguous block); a host holding two blocks of ranks (two
+    # stages of its type that are not adjacent) gets two node entries.
+    used = dict.fromkeys(range(len(hosts)), 0)
+    out = []
+    for i, (h, first, n) in enumerate(assigned):
+        out.append(NodeAssignment(node_rank=i, host=hosts[h], first_rank=first, nproc=n,
+                                  device_offset=used[h]))
+        used[h] += n
+    return out
+
+
+def torchrun_commands(plan_path: str, plan: Plan, hosts: list[Host], script: str, *,
+                      master_port: int = 29500, script_args: str = "") -> list[str]:
+    """The command to run on each node. Every process reads the plan and its rank from the
+    ``ESPRESSO_*`` environment (`espresso.torch.rank_from_env`)."""
+    nodes = assign_hosts(plan, hosts)
+    master = nodes[0].host.address
+    world = plan.num_gpus
+    cmds = []
+    for n in nodes:
+        env = (f"ESPRESSO_PLAN={shlex.quote(plan_path)} ESPRESSO_FIRST_RANK={n.first_rank} "
+               f"ESPRESSO_WORLD_SIZE={world} ESPRESSO_DEVICE_OFFSET={n.device_offset} "
+               f"MASTER_ADDR={master} MASTER_PORT={master_port}")
+        cmd = (f"{env} torchrun --nnodes={len(nodes)} --node-rank={n.node_rank} "
+               f"--nproc-per-node={n.nproc} --master-addr={master} "
+               f"--master-port={master_port + 1} {shlex.quote(script)}")
+        if script_args:
+            cmd += f" {script_args}"
+        cmds.append(f"# {n.host.address} ({n.host.gpu}): ranks {n.first_rank}.."
+                    f"{n.first_rank + n.nproc - 1}\n{cmd}")
+    return cmds

@@ -1,0 +1,96 @@
+"""Rank layout and torchrun commands (no torch needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from _helpers import make_plan
+
+import espresso as es
+from espresso.cli import main
+from espresso.launch import LaunchError, assign_hosts, hosts_from_dict, rank_layout
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "plans" / "llama2-7b-a100-l40s.json"
+
+
+def test_rank_layout_formula() -> None:
+    plan = es.Plan.from_json(EXAMPLE)  # dp 2; stage 0 A100 tp 2, stage 1 L40S tp 1
+    layout = rank_layout(plan)
+    assert len(layout) == plan.num_gpus == 6
+    got = [(r.stage, r.replica, r.tp_index, r.gpu) for r in layout]
+    assert got == [(0, 0, 0, "A100-80GB"), (0, 0, 1, "A100-80GB"), (0, 1, 0, "A100-80GB"),
+                   (0, 1, 1, "A100-80GB"), (1, 0, 0, "L40S"), (1, 1, 0, "L40S")]
+    for r in layout:
+        first = plan.dp * sum(s.tp for s in plan.stages[: r.stage])
+        assert r.rank == first + r.replica * plan.stages[r.stage].tp + r.tp_index
+
+
+def test_two_gpu_types_map_to_the_right_hosts() -> None:
+    plan = es.Plan.from_json(EXAMPLE)
+    hosts = hosts_from_dict({"hosts": [
+        {"address": "10.0.0.2", "gpu": "L40S", "gpus": 4},
+        {"address": "10.0.0.1", "gpu": "A100-80GB", "gpus": 2},
+        {"address": "10.0.0.3", "gpu": "A100-80GB", "gpus": 8},
+    ]})
+    nodes = assign_hosts(plan, hosts)
+    layout = rank_layout(plan)
+    covered = []
+    for n in nodes:
+        for r in range(n.first_rank, n.first_rank + n.nproc):
+            assert layout[r].gpu == n.host.gpu  # every rank on a node of its stage's type
+            covered.append(r)
+    assert sorted(covered) == list(range(plan.num_gpus))
+    assert [(n.host.address, n.first_rank, n.nproc) for n in nodes] == [
+        ("10.0.0.1", 0, 2), ("10.0.0.3", 2, 2), ("10.0.0.2", 4, 2)]
+
+
+def test_missing_gpus_are_named() -> None:
+    plan = es.Plan.from_json(EXAMPLE)
+    hosts = hosts_from_dict({"hosts": [{"address": "a", "gpu": "A100-80GB", "gpus": 3}]})
+    with pytest.raises(LaunchError, match=r"missing 1 more A100-80GB \(plan needs 4, hosts "
+                                          r"have 3\); 2 more L40S \(plan needs 2, hosts have 0\)"):
+        assign_hosts(plan, hosts)
+
+
+def test_non_adjacent_stages_on_one_host_get_device_offsets(tiny_job: es.Job) -> None:
+    plan = make_plan(tiny_job, [("A100-80GB", 1, 0, 1), ("L4", 1, 1, 2), ("A100-80GB", 1, 2, 4)],
+                     num_microbatches=16)
+    hosts = hosts_from_dict({"hosts": [{"address": "a", "gpu": "A100-80GB", "gpus": 8},
+                                       {"address": "b", "gpu": "L4", "gpus": 8}]})
+    nodes = assign_hosts(plan, hosts)
+    assert [(n.host.address, n.first_rank, n.device_offset) for n in nodes] == [
+        ("a", 0, 0), ("b", 1, 0), ("a", 2, 1)]
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"host": []}, "did you mean 'hosts'"),
+        ({"hosts": []}, "non-empty list"),
+        ({"hosts": [{"address": "a", "gpu": "L4"}]}, "missing required field 'gpus'"),
+        ({"hosts": [{"address": "a", "gpu": "L4", "gpus": 0}]}, "host.gpus"),
+        ({"hosts": [{"address": "", "gpu": "L4", "gpus": 1}]}, "host.address"),
+    ],
+)
+def test_bad_hosts(data: object, match: str) -> None:
+    with pytest.raises(LaunchError, match=match):
+        hosts_from_dict(data)
+
+
+def test_launch_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(yaml.safe_dump({"hosts": [
+        {"address": "10.0.0.1", "gpu": "A100-80GB", "gpus": 4},
+        {"address": "10.0.0.2", "gpu": "L40S", "gpus": 2}]}))
+    assert main(["launch", str(EXAMPLE), "--hosts", str(hosts), "--script", "train.py"]) == 0
+    out = capsys.readouterr().out
+    assert "--nnodes=2 --node-rank=0 --nproc-per-node=4 --master-addr=10.0.0.1" in out
+    assert "ESPRESSO_FIRST_RANK=4 ESPRESSO_WORLD_SIZE=6" in out
+    assert main(["launch", str(EXAMPLE), "--hosts", str(hosts), "--out-dir",
+                 str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "node1.sh").read_text().count("torchrun") == 1
+    hosts.write_text(yaml.safe_dump({"hosts": [{"address": "x", "gpu": "L40S", "gpus": 2}]}))
+    assert main(["launch", str(EXAMPLE), "--hosts", str(hosts)]) == 2
+    assert "4 more A100-80GB" in capsys.readouterr().err
