@@ -117,11 +117,11 @@ def assign_hosts(plan: Plan, hosts: list[Host]) -> list[NodeAssignment]:
     """
     layout = rank_layout(plan)
     need: dict[str, int] = {}
-    for r in layout:
-        need[r.gpu] = need.get(r.gpu, 0) + 1
+    for info in layout:
+        need[info.gpu] = need.get(info.gpu, 0) + 1
     have: dict[str, int] = {}
-    for h in hosts:
-        have[h.gpu] = have.get(h.gpu, 0) + h.gpus
+    for host_spec in hosts:
+        have[host_spec.gpu] = have.get(host_spec.gpu, 0) + host_spec.gpus
     short = [f"{n - have.get(g, 0)} more {g} (plan needs {n}, hosts have {have.get(g, 0)})"
              for g, n in need.items() if have.get(g, 0) < n]
     if short:
@@ -147,10 +147,10 @@ def assign_hosts(plan: Plan, hosts: list[Host]) -> list[NodeAssignment]:
     # stages of its type that are not adjacent) gets two node entries.
     used = dict.fromkeys(range(len(hosts)), 0)
     out = []
-    for i, (h, first, n) in enumerate(assigned):
-        out.append(NodeAssignment(node_rank=i, host=hosts[h], first_rank=first, nproc=n,
-                                  device_offset=used[h]))
-        used[h] += n
+    for i, (hi, first, n) in enumerate(assigned):
+        out.append(NodeAssignment(node_rank=i, host=hosts[hi], first_rank=first, nproc=n,
+                                  device_offset=used[hi]))
+        used[hi] += n
     return out
 
 

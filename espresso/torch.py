@@ -16,12 +16,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._optional import require
 from .errors import PlanError
 from .launch import RankInfo, rank_layout
 from .plan import Plan
+
+if TYPE_CHECKING:
+    from torch import nn as _nn
 
 torch = require("torch")
 nn = torch.nn
@@ -69,21 +72,22 @@ def rank_from_env() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def stage_module(plan: Plan, stage: int, *, embedding: nn.Module,
-                 blocks: Sequence[nn.Module] | Callable[[int], nn.Module],
-                 head: nn.Module) -> nn.Module:
+def stage_module(plan: Plan, stage: int, *, embedding: _nn.Module,
+                 blocks: Sequence[_nn.Module] | Callable[[int], _nn.Module],
+                 head: _nn.Module) -> _nn.Module:
     """The modules of one stage as an ``nn.Sequential``: the embedding on stage 0, the plan's
     block range, the head on the last stage. With a factory ``blocks(i)``, only this stage's
     blocks are built (other stages' weights are never materialised)."""
     first, last = stage == 0, stage == plan.num_stages - 1
     a, b = plan.stages[stage].layers
-    parts: list[nn.Module] = [embedding] if first else []
+    parts: list[_nn.Module] = [embedding] if first else []
     for i in range(a, b):
         parts.append(blocks(i) if callable(blocks) and not isinstance(blocks, nn.Module)
-                     else blocks[i])  # type: ignore[index]
+                     else blocks[i])
     if last:
         parts.append(head)
-    return nn.Sequential(*parts)
+    seq: _nn.Module = nn.Sequential(*parts)
+    return seq
 
 
 @dataclass
@@ -91,7 +95,7 @@ class StageRuntime:
     """What this rank runs."""
 
     info: RankInfo
-    module: nn.Module
+    module: _nn.Module
     """The stage's modules (wrapped in DDP over the data-parallel group when dp > 1)."""
     stage: Any
     """``torch.distributed.pipelining.PipelineStage``."""
@@ -108,7 +112,7 @@ class StageRuntime:
 
     @property
     def is_last(self) -> bool:
-        return self.info.stage == self.mesh.shape[0] - 1
+        return bool(self.info.stage == self.mesh.shape[0] - 1)
 
     def step(self, inputs: Any = None, targets: Any = None) -> Any:
         """One pipeline step on this replica's batch: the first stage feeds ``inputs``, the
@@ -128,8 +132,8 @@ class StageRuntime:
         return None
 
 
-def setup(plan: Plan, *, embedding: nn.Module,
-          blocks: Sequence[nn.Module] | Callable[[int], nn.Module], head: nn.Module,
+def setup(plan: Plan, *, embedding: _nn.Module,
+          blocks: Sequence[_nn.Module] | Callable[[int], _nn.Module], head: _nn.Module,
           loss_fn: Callable[..., Any], num_blocks: int | None = None,
           device: Any = None, backend: str | None = None, rank: int | None = None,
           world_size: int | None = None) -> StageRuntime:

@@ -76,7 +76,8 @@ def worker(rank: int, plan_json: str, port: int) -> None:
     # Every parameter of this stage has the reference gradient.
     a, b = plan.stages[rt.info.stage].layers
     mine = ([emb] if rt.is_first else []) + blocks[a:b] + ([head] if rt.is_last else [])
-    theirs = ([ref_emb] if rt.is_first else []) + ref_blocks[a:b] + ([ref_head] if rt.is_last else [])
+    theirs = (([ref_emb] if rt.is_first else []) + ref_blocks[a:b]
+              + ([ref_head] if rt.is_last else []))
     for m_mine, m_ref in zip(mine, theirs, strict=True):
         for (n, p), (_, q) in zip(m_mine.named_parameters(), m_ref.named_parameters(), strict=True):
             assert p.grad is not None, n
