@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import os
+import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -22,7 +25,7 @@ from .catalog import Catalog
 from .errors import EspressoError, JobError
 from .estimate import Estimate, estimate
 from .job import Job
-from .launch import load_hosts, torchrun_commands
+from .launch import LaunchError, load_hosts, torchrun_commands
 from .model import ModelSpec
 from .plan import Plan
 from .search import InfeasibleError, search
@@ -290,7 +293,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     job = _job_from_args(args)
     console = _console()
     kwargs: dict[str, Any] = dict(threads=args.threads, time_limit_s=args.time_limit,
-                                  max_stages=args.max_stages)
+                                  max_stages=args.max_stages, max_tp=args.max_tp)
     objective = "time" if args.budget is not None else "cost"
     try:
         best = _run_with_progress(
@@ -322,6 +325,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- launch
 def cmd_launch(args: argparse.Namespace) -> int:
     plan = Plan.from_json(args.plan)
+    if args.local:
+        # A dry rehearsal on this machine: one CPU process per GPU of the plan, gloo.
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={plan.num_gpus}", args.script, *shlex.split(args.script_args)]
+        env = {**os.environ, "ESPRESSO_PLAN": str(args.plan), "CUDA_VISIBLE_DEVICES": ""}
+        print("running: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+        return subprocess.call(cmd, env=env)
+    if not args.hosts:
+        msg = "launch: give --hosts FILE (or --local to rehearse on this machine)"
+        raise LaunchError(msg)
     hosts = load_hosts(args.hosts)
     cmds = torchrun_commands(str(args.plan), plan, hosts, args.script,
                              master_port=args.port, script_args=args.script_args or "")
@@ -394,6 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: the fastest plan whose total cost is within USD")
     p.add_argument("--top-k", type=int, default=1, help="also report the next best plans")
     p.add_argument("--max-stages", type=int, default=8, help="pipeline depth at most (8)")
+    p.add_argument("--max-tp", type=int, default=8,
+                   help="tensor-parallel width at most (8; 1 for plans espresso.torch can run)")
     p.add_argument("--no-compare", dest="compare", action="store_false",
                    help="skip the comparison with single-type plans")
     p.set_defaults(func=cmd_plan)
@@ -405,7 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the torchrun command of each node, or write one script per node.",
     )
     p.add_argument("plan", help="plan JSON file")
-    p.add_argument("--hosts", required=True, metavar="FILE",
+    p.add_argument("--local", action="store_true",
+                   help="rehearse here: one CPU process per GPU of the plan, gloo")
+    p.add_argument("--hosts", metavar="FILE",
                    help="YAML: hosts: [{address: 10.0.0.1, gpu: A100-80GB, gpus: 8}, ...]")
     p.add_argument("--script", default="train.py", help="training script (default train.py)")
     p.add_argument("--script-args", default="", help="arguments for the script")

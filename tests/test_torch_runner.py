@@ -127,3 +127,18 @@ def test_mismatched_plans_are_refused() -> None:
     with pytest.raises(PlanError, match="tensor parallelism"):
         et.check_plan(tp2, L)
     assert not torch.distributed.is_initialized()  # refused before any process group
+
+
+def test_launch_local_runs_the_example(tmp_path: object) -> None:
+    """`espresso launch --local` rehearses the example training script on CPU with gloo."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    r = subprocess.run(
+        [sys.executable, "-m", "espresso.cli", "launch",
+         str(root / "examples/plans/tiny-gpt-2x2.json"), "--local", "--script", str(root / "examples/train_gpt.py"), "--script-args", "--steps 3"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "step 2: loss" in r.stdout
