@@ -138,7 +138,8 @@ def test_launch_local_runs_the_example(tmp_path: object) -> None:
     root = Path(__file__).parents[1]
     r = subprocess.run(
         [sys.executable, "-m", "espresso.cli", "launch",
-         str(root / "examples/plans/tiny-gpt-2x2.json"), "--local", "--script", str(root / "examples/train_gpt.py"), "--script-args", "--steps 3"],
+         str(root / "examples/plans/tiny-gpt-2x2.json"), "--local",
+         "--script", str(root / "examples/train_gpt.py"), "--script-args", "--steps 3"],
         capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "step 2: loss" in r.stdout
