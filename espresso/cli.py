@@ -25,6 +25,7 @@ from .catalog import Catalog
 from .errors import EspressoError, JobError
 from .estimate import Estimate, estimate
 from .job import Job
+from ._optional import require
 from .launch import LaunchError, load_hosts, torchrun_commands
 from .model import ModelSpec
 from .plan import Plan
@@ -327,6 +328,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     plan = Plan.from_json(args.plan)
     if args.local:
         # A dry rehearsal on this machine: one CPU process per GPU of the plan, gloo.
+        require("torch")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={plan.num_gpus}", args.script, *shlex.split(args.script_args)]
         env = {**os.environ, "ESPRESSO_PLAN": str(args.plan), "CUDA_VISIBLE_DEVICES": ""}
