@@ -21,11 +21,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
+from ._optional import require
 from .catalog import Catalog
 from .errors import EspressoError, JobError
 from .estimate import Estimate, estimate
 from .job import Job
-from ._optional import require
 from .launch import LaunchError, load_hosts, torchrun_commands
 from .model import ModelSpec
 from .plan import Plan
