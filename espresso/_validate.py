@@ -5,7 +5,10 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from .errors import SpecError
 
@@ -119,3 +122,15 @@ def suggest(name: str, options: Iterable[str]) -> str:
         if name.lower() in lowered:
             close = [lowered[name.lower()]]
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def load_yaml(what: str, path: str | Path, *, err: type[SpecError] = SpecError) -> Any:
+    """Parse a YAML (or JSON) file, with errors that name the file and what it should hold."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        msg = f"{what}: no such file {str(path)!r}"
+        raise err(msg) from None
+    except (OSError, yaml.YAMLError) as exc:
+        msg = f"{what}: cannot parse {str(path)!r}: {exc}"
+        raise err(msg) from None

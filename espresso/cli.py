@@ -15,13 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
 from ._optional import require
+from ._validate import load_yaml
 from .catalog import Catalog
 from .errors import EspressoError, JobError
 from .estimate import Estimate, estimate
@@ -173,7 +173,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def _job_from_args(args: argparse.Namespace) -> Job:
     data: dict[str, Any] = {}
     if args.job:
-        loaded = yaml.safe_load(Path(args.job).read_text()) if Path(args.job).exists() else None
+        loaded = load_yaml("--job", args.job, err=JobError)
         if not isinstance(loaded, dict):
             msg = f"--job: {args.job!r} is not a readable YAML/JSON job file"
             raise JobError(msg)

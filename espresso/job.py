@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from . import _validate as v
 from .errors import JobError, ModelError
 from .model import ModelSpec
@@ -128,13 +126,4 @@ class Job:
 
     @classmethod
     def load(cls, path: str | Path) -> Job:
-        path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            msg = f"job: no such file {str(path)!r}"
-            raise JobError(msg) from None
-        except yaml.YAMLError as exc:
-            msg = f"job: cannot parse {str(path)!r}: {exc}"
-            raise JobError(msg) from None
-        return cls.from_dict(data)
+        return cls.from_dict(v.load_yaml("job", path, err=JobError))

@@ -19,8 +19,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from . import _validate as v
 from .errors import SpecError
 from .plan import Plan
@@ -71,15 +69,7 @@ class Host:
 
 def load_hosts(path: str | Path) -> list[Host]:
     """Read ``hosts: [{address, gpu, gpus}, ...]`` from YAML or JSON."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        msg = f"hosts: no such file {str(path)!r}"
-        raise LaunchError(msg) from None
-    except yaml.YAMLError as exc:
-        msg = f"hosts: cannot parse {str(path)!r}: {exc}"
-        raise LaunchError(msg) from None
-    return hosts_from_dict(data)
+    return hosts_from_dict(v.load_yaml("hosts", path, err=LaunchError))
 
 
 def hosts_from_dict(data: Any) -> list[Host]:
