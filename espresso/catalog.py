@@ -198,20 +198,8 @@ class Catalog:
     @classmethod
     def load(cls, path: str | Path) -> Catalog:
         """Read a catalog from a YAML or JSON file."""
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            msg = f"catalog: no such file {str(path)!r}"
-            raise CatalogError(msg) from None
-        except OSError as exc:
-            msg = f"catalog: cannot read {str(path)!r}: {exc}"
-            raise CatalogError(msg) from None
-        try:
-            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as exc:
-            msg = f"catalog: cannot parse {str(path)!r}: {exc}"
-            raise CatalogError(msg) from None
+        # YAML parses JSON documents as well.
+        data = v.load_yaml("catalog", path, err=CatalogError)
         try:
             return cls.from_dict(data)
         except CatalogError as exc:

@@ -213,11 +213,7 @@ class ModelSpec:
             path = path / "config.json"
         if path.is_file():
             if path.suffix in (".yaml", ".yml"):
-                try:
-                    data = yaml.safe_load(path.read_text())
-                except yaml.YAMLError as exc:
-                    msg = f"model: cannot parse {ref_s!r} as YAML: {exc}"
-                    raise ModelError(msg) from None
+                data = v.load_yaml("model", path, err=ModelError)
                 return cls.from_dict(data, name=path.stem)
             data = json.loads(path.read_text())
             if isinstance(data, dict) and "hidden_size" in data and "num_layers" in data:

@@ -31,6 +31,7 @@ struct Choice {
 
 struct Node {
     double lb = 0;
+    double own = std::numeric_limits<double>::infinity();  // own_bound, computed once
     std::int64_t seq = 0;
     std::int32_t combo = 0;
     std::int32_t next = 0;   // first order position still open
@@ -535,7 +536,7 @@ private:
     void process(const Node& node, double thr, std::vector<Node>& children, Local& local) {
         const Combo& c = combos_[static_cast<std::size_t>(node.combo)];
         // 1. The node's own allocation.
-        const double own = own_bound(node, c);
+        const double own = node.own;  // computed when the node was made
         if (node.stages >= 1) {
             if (!std::isfinite(own)) {
                 const bool memory = node.cap < c.need_bytes ||
@@ -644,8 +645,8 @@ private:
             }
         }
         ++local.s.nodes_generated;
-        const double own = own_bound(ch, c), ext = ext_bound(ch, c);
-        ch.lb = std::min(own, ext);
+        ch.own = own_bound(ch, c);
+        ch.lb = std::min(ch.own, ext_bound(ch, c));
         if (!std::isfinite(ch.lb)) {
             // Classify why nothing below this node can work.
             const auto q = static_cast<std::size_t>(ch.next);
