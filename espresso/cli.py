@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=1, help="also report the next best plans")
     p.add_argument("--max-stages", type=int, default=8, help="pipeline depth at most (8)")
     p.add_argument("--max-tp", type=int, default=8,
-                   help="tensor-parallel width at most (8; 1 for plans espresso.torch can run)")
+                   help="tensor-parallel width at most (default 8)")
     p.add_argument("--no-compare", dest="compare", action="store_false",
                    help="skip the comparison with single-type plans")
     p.set_defaults(func=cmd_plan)

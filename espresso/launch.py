@@ -117,22 +117,30 @@ def assign_hosts(plan: Plan, hosts: list[Host]) -> list[NodeAssignment]:
     if short:
         msg = "hosts cannot hold the plan: missing " + "; ".join(short)
         raise LaunchError(msg)
-    # Ranks of one GPU type form contiguous runs (stage by stage); hand each run to the hosts
-    # of that type in order, a host taking a contiguous block of ranks.
-    free = {i: h.gpus for i, h in enumerate(hosts)}
-    assigned: list[tuple[int, int, int]] = []  # (host index, first rank, count)
-    r = 0
-    while r < len(layout):
-        gpu = layout[r].gpu
-        run_end = r
-        while run_end < len(layout) and layout[run_end].gpu == gpu:
-            run_end += 1
-        while r < run_end:
-            host = next(i for i, h in enumerate(hosts) if h.gpu == gpu and free[i] > 0)
-            take = min(free[host], run_end - r)
-            free[host] -= take
-            assigned.append((host, r, take))
-            r += take
+    # Hand out whole TP groups (a TP group needs one host: its all-reduces run over the
+    # node's links), in rank order, each to the first host of its type, in file order, with
+    # room for it; consecutive groups on one host merge into one block of ranks.
+    free = [h.gpus for h in hosts]
+    assigned: list[list[int]] = []  # [host index, first rank, count]
+    first = 0
+    for s, st in enumerate(plan.stages):
+        for r in range(plan.dp):
+            host = next((i for i, h in enumerate(hosts) if h.gpu == st.gpu and free[i] >= st.tp),
+                        None)
+            if host is None:
+                biggest = max((free[i] for i, h in enumerate(hosts) if h.gpu == st.gpu),
+                              default=0)
+                msg = (f"hosts cannot hold the plan: stage {s} (replica {r}) needs {st.tp} "
+                       f"{st.gpu} GPUs on one host for its tensor-parallel group, but the most "
+                       f"any {st.gpu} host has left is {biggest} (give {st.gpu} hosts whose GPU "
+                       f"counts are multiples of {st.tp})")
+                raise LaunchError(msg)
+            free[host] -= st.tp
+            if assigned and assigned[-1][0] == host and sum(assigned[-1][1:]) == first:
+                assigned[-1][2] += st.tp
+            else:
+                assigned.append([host, first, st.tp])
+            first += st.tp
     # One torchrun per (host, contiguous block); a host holding two blocks of ranks (two
     # stages of its type that are not adjacent) gets two node entries.
     used = dict.fromkeys(range(len(hosts)), 0)

@@ -1,20 +1,34 @@
-"""Run a plan with PyTorch: this rank's pipeline stage, schedule and data-parallel group.
+"""Run a plan with PyTorch: this rank's pipeline stage, schedule, tensor- and data-parallel groups.
 
-Needs the ``torch`` extra. The distributed engine is PyTorch's own
-(``torch.distributed.pipelining``, DDP, ``torchrun``). The rank layout is
-:func:`espresso.launch.rank_layout`; with ``tp == 1`` on every stage it is the row-major
-``(pp, dp)`` device mesh::
+Needs the ``torch`` extra. The distributed engine is PyTorch's own: pipelining
+(``torch.distributed.pipelining``), tensor parallelism (``parallelize_module`` with DTensor
+``ColwiseParallel``/``RowwiseParallel``), DDP, ``torchrun``. The rank layout is
+:func:`espresso.launch.rank_layout`::
 
-    rank = stage * dp + replica
+    rank = dp * sum(tp of the earlier stages) + replica * tp(stage) + tp_index
 
-Tensor parallelism inside a stage is not run by this module yet: plans with ``tp > 1`` are
-refused before any process group is created.
+How a stage with ``tp > 1`` runs
+--------------------------------
+Stages may have different tensor-parallel widths (an A100 stage of tp 2 feeding an L40S stage
+of tp 1), which PyTorch's pipeline stages, one rank per stage, do not express. So each
+``(stage, replica)`` has a *leader*, its TP rank 0, and the leaders of a replica form that
+replica's pipeline group: they run PyTorch's ``PipelineStage`` and the plan's schedule and do
+all the point-to-point sends. The other TP ranks of the stage (*followers*) run the same
+stage module in lock-step: before each forward the leader broadcasts the stage input over the
+TP group, and at the start of each backward the output gradient. Activations between stages
+are replicated across a TP group (``RowwiseParallel`` returns replicated outputs), so this is
+exact, and each follower's sharded weights get the same gradients as in a single process.
+
+Gradients are averaged over the ``dp`` replicas of a stage: by DDP on the stage's data-parallel
+group when ``tp == 1``, and for ``tp > 1`` by one bucketed all-reduce of the local gradient
+shards over the data-parallel group of the same TP index, after the schedule.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +44,14 @@ torch = require("torch")
 nn = torch.nn
 dist = torch.distributed
 
+TPPlan = Mapping[str, Any] | Callable[[Any, Any], Any]
+"""How to split one block over a TP group: a ``parallelize_module`` plan (submodule name ->
+``ColwiseParallel()``/``RowwiseParallel()`` or the strings ``"colwise"``/``"rowwise"``), or a
+callable ``(block, tp_mesh) -> block``."""
 
-def check_plan(plan: Plan, num_blocks: int, batch_size: int | None = None) -> None:
+
+def check_plan(plan: Plan, num_blocks: int, batch_size: int | None = None, *,
+               tp_plan: TPPlan | None = None) -> None:
     """Refuse a plan that does not match the model (or the runner) with a clear message."""
     if not isinstance(plan, Plan):
         msg = f"expected a Plan, got {type(plan).__name__}"
@@ -41,14 +61,28 @@ def check_plan(plan: Plan, num_blocks: int, batch_size: int | None = None) -> No
                f"{plan.job.model.num_layers}) but the model given has {num_blocks}")
         raise PlanError(msg)
     begin = 0
+    model = plan.job.model
     for i, st in enumerate(plan.stages):
         if st.layers[0] != begin or st.layers[1] <= st.layers[0]:
             msg = f"stage {i} holds layers {list(st.layers)}; expected to start at {begin}"
             raise PlanError(msg)
         begin = st.layers[1]
-        if st.tp != 1:
-            msg = (f"stage {i} has tp {st.tp}: tensor parallelism inside a stage is not "
-                   "supported by espresso.torch yet (plan with max_tp=1)")
+        if st.tp == 1:
+            continue
+        if tp_plan is None:
+            msg = (f"stage {i} has tp {st.tp}: give setup(tp_plan=...) saying which layers of a "
+                   "block to split (e.g. {'attn.q': 'colwise', ..., 'mlp.fc2': 'rowwise'}), "
+                   "or plan with max_tp=1")
+            raise PlanError(msg)
+        for what, n in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads),
+                        ("ffn_hidden_size", model.ffn)):
+            if n % st.tp:
+                msg = f"stage {i} has tp {st.tp}, which does not divide the model's {what} {n}"
+                raise PlanError(msg)
+        if not (hasattr(_pipelining().PipelineStage, "_forward_metadata_inference")
+                and hasattr(_pipelining().PipelineStage, "_backward_metadata_inference")):
+            msg = (f"stage {i} has tp {st.tp}, but this torch ({torch.__version__}) has a "
+                   "PipelineStage without metadata inference; tp > 1 needs torch >= 2.13")
             raise PlanError(msg)
     gb = plan.dp * plan.micro_batch_size * plan.num_microbatches
     if gb != plan.job.global_batch_size:
@@ -60,6 +94,12 @@ def check_plan(plan: Plan, num_blocks: int, batch_size: int | None = None) -> No
         msg = (f"each replica's batch is {batch_size} sequences but the plan splits "
                f"{plan.num_microbatches} micro-batches of {plan.micro_batch_size}")
         raise PlanError(msg)
+
+
+def _pipelining() -> Any:
+    import torch.distributed.pipelining as pipelining
+
+    return pipelining
 
 
 def rank_from_env() -> tuple[int, int]:
@@ -90,21 +130,232 @@ def stage_module(plan: Plan, stage: int, *, embedding: _nn.Module,
     return seq
 
 
+def parallelize_blocks(module: _nn.Module, plan: Plan, stage: int, tp_mesh: Any,
+                       tp_plan: TPPlan) -> None:
+    """Split every transformer block of a stage module (from :func:`stage_module`) over the TP
+    mesh; the embedding and head stay replicated."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    first = 1 if stage == 0 else 0
+    n = plan.stages[stage].num_layers
+    assert isinstance(module, nn.Sequential)
+    for j in range(first, first + n):
+        block = module[j]
+        if callable(tp_plan) and not isinstance(tp_plan, Mapping):
+            out = tp_plan(block, tp_mesh)
+            if out is not None and out is not block:
+                module[j] = out
+            continue
+        resolved = {}
+        for name, style in tp_plan.items():
+            if "*" not in name:
+                try:
+                    block.get_submodule(name)
+                except AttributeError:
+                    index = plan.stages[stage].layers[0] + j - first
+                    msg = (f"tp_plan names {name!r}, but block {index} "
+                           f"({type(block).__name__}) has no such submodule")
+                    raise PlanError(msg) from None
+            if isinstance(style, str):
+                if style not in styles:
+                    msg = f"tp_plan[{name!r}]: expected 'colwise' or 'rowwise', got {style!r}"
+                    raise PlanError(msg)
+                style = styles[style]()
+            resolved[name] = style
+        parallelize_module(block, tp_mesh, resolved)
+
+
+# ------------------------------------------------------------------ TP leader/follower
+_END, _FWD, _BWD = 0, 1, 2
+_GRAD, _REQUIRES_GRAD, _INFERENCE = 1, 2, 4
+_MAX_DIMS = 8
+_DTYPES = ("float32", "bfloat16", "float16", "float64", "int64", "int32", "int16", "int8",
+           "uint8", "bool")
+
+
+class _TPBridge:
+    """The leader's side channel to its followers: one header tensor and one payload per event,
+    broadcast over the stage's TP group from the leader."""
+
+    def __init__(self, group: Any, leader: int, device: Any) -> None:
+        self.group, self.leader, self.device = group, leader, device
+        self.inference = False
+        """Set while PyTorch's PipelineStage infers shapes (its extra forward/backward)."""
+
+    def send(self, op: int, flags: int = 0, tensor: Any = None) -> None:
+        head = torch.zeros(4 + _MAX_DIMS, dtype=torch.int64)
+        head[0], head[1] = op, flags
+        if tensor is not None:
+            name = str(tensor.dtype).removeprefix("torch.")
+            if name not in _DTYPES or tensor.dim() > _MAX_DIMS:
+                msg = (f"a TP stage cannot pass a {tensor.dtype} tensor of {tensor.dim()} "
+                       f"dimensions between stages (dtypes {_DTYPES}, at most {_MAX_DIMS} dims)")
+                raise PlanError(msg)
+            head[2], head[3] = _DTYPES.index(name), tensor.dim()
+            head[4:4 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
+        dist.broadcast(head.to(self.device), src=self.leader, group=self.group)
+        if tensor is not None:
+            dist.broadcast(tensor.detach().contiguous(), src=self.leader, group=self.group)
+
+    def recv(self) -> tuple[int, int, Any]:
+        head = torch.zeros(4 + _MAX_DIMS, dtype=torch.int64, device=self.device)
+        dist.broadcast(head, src=self.leader, group=self.group)
+        op, flags, dtype, ndim, *shape = head.tolist()
+        if op == _END:
+            return op, flags, None
+        t = torch.empty(shape[:ndim], dtype=getattr(torch, _DTYPES[dtype]), device=self.device)
+        dist.broadcast(t, src=self.leader, group=self.group)
+        return op, flags, t
+
+
+class _BroadcastGrad(torch.autograd.Function):  # type: ignore[misc, name-defined]
+    """Identity forward; in backward, hands the output gradient to the followers."""
+
+    @staticmethod
+    def forward(ctx: Any, out: Any, bridge: _TPBridge) -> Any:
+        ctx.bridge = bridge
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        bridge = ctx.bridge
+        bridge.send(_BWD, _INFERENCE if bridge.inference else 0, grad)
+        return grad, None
+
+
+class _TPLeader(nn.Module):  # type: ignore[misc, name-defined]
+    """The leader's stage module: the stage's modules, announcing each forward and backward to
+    the followers of its TP group."""
+
+    def __init__(self, inner: _nn.Module, bridge: _TPBridge) -> None:
+        super().__init__()
+        self.inner = inner
+        self._bridge = bridge
+
+    def forward(self, x: Any) -> Any:
+        grad = torch.is_grad_enabled()
+        flags = ((_GRAD if grad else 0) | (_REQUIRES_GRAD if x.requires_grad else 0)
+                 | (_INFERENCE if self._bridge.inference else 0))
+        self._bridge.send(_FWD, flags, x)
+        out = self.inner(x)
+        if not isinstance(out, torch.Tensor):
+            msg = (f"a stage with tp > 1 must return one tensor, got {type(out).__name__}")
+            raise PlanError(msg)
+        if grad and out.requires_grad:
+            out = _BroadcastGrad.apply(out, self._bridge)
+        return out
+
+
+def _leader_stage_class() -> Any:
+    """PipelineStage that tells the followers when a forward or backward is PyTorch's
+    shape inference (it accumulates no parameter gradients there)."""
+    base = _pipelining().PipelineStage
+
+    class _LeaderStage(base):  # type: ignore[misc, valid-type]
+        bridge: _TPBridge
+
+        def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+            self.bridge.inference = True
+            try:
+                return super()._forward_metadata_inference(*args, **kwargs)
+            finally:
+                self.bridge.inference = False
+
+        def _backward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+            self.bridge.inference = True
+            try:
+                return super()._backward_metadata_inference(*args, **kwargs)
+            finally:
+                self.bridge.inference = False
+
+    return _LeaderStage
+
+
+def _follow(module: _nn.Module, bridge: _TPBridge) -> int:
+    """Mirror the leader until it ends the step; returns the number of backward passes."""
+    pending: deque[Any] = deque()
+    probe: tuple[Any, Any] | None = None
+    backwards = 0
+    while True:
+        op, flags, t = bridge.recv()
+        if op == _END:
+            if pending:
+                msg = f"TP follower: {len(pending)} forward passes had no backward"
+                raise RuntimeError(msg)
+            return backwards
+        if op == _FWD:
+            if flags & _REQUIRES_GRAD:
+                t.requires_grad_(True)
+            with torch.set_grad_enabled(bool(flags & _GRAD)):
+                out = module(t)
+            if flags & _INFERENCE:
+                probe = (t, out)
+            elif flags & _GRAD:
+                pending.append(out)
+        elif flags & _INFERENCE:
+            if probe is None:
+                msg = "TP follower: a shape-inference backward came before its forward"
+                raise RuntimeError(msg)
+            x, out = probe
+            probe = None
+            torch.autograd.grad([out], [x], [t], allow_unused=True)
+        else:
+            torch.autograd.backward([pending.popleft()], [t])
+            backwards += 1
+
+
+def _average_grads(params: list[Any], group: Any, size: int) -> None:
+    """Average the local gradient (shards) over a data-parallel group in one all-reduce."""
+    grads = []
+    for p in params:
+        if p.grad is None:
+            continue
+        g = p.grad
+        grads.append(g.to_local() if hasattr(g, "to_local") else g)
+    if not grads or size == 1:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
 @dataclass
 class StageRuntime:
     """What this rank runs."""
 
     info: RankInfo
     module: _nn.Module
-    """The stage's modules (wrapped in DDP over the data-parallel group when dp > 1)."""
+    """The stage's modules (in DDP over the data-parallel group when dp > 1 and tp == 1); on a
+    TP leader, wrapped to drive its followers. Hand its parameters to the optimizer."""
     stage: Any
-    """``torch.distributed.pipelining.PipelineStage``."""
+    """``torch.distributed.pipelining.PipelineStage`` (None on a TP follower)."""
     schedule: Any
-    """``Schedule1F1B`` or ``ScheduleGPipe`` with the plan's number of micro-batches."""
+    """``Schedule1F1B`` or ``ScheduleGPipe`` with the plan's number of micro-batches (None on a
+    TP follower, which mirrors its leader)."""
     mesh: Any
-    """The ``(pp, dp)`` device mesh."""
+    """This stage's ``(dp, tp)`` device mesh; ``mesh["tp"]`` is the TP mesh the blocks are
+    split over."""
     dp_group: Any
+    """The ranks of this stage with the same TP index, one per replica."""
     pp_group: Any
+    """This replica's pipeline: the TP leader of every stage (None on a follower)."""
+    tp_group: Any
+    """The TP ranks of this stage and replica."""
+    num_stages: int
+    _bridge: _TPBridge | None = None
+    _avg_grads: bool = False
+    _grad_scale: int = 1
+    """A TP follower divides its gradients by this after a step, as its leader's schedule
+    does (the mean over micro-batches)."""
 
     @property
     def is_first(self) -> bool:
@@ -112,43 +363,69 @@ class StageRuntime:
 
     @property
     def is_last(self) -> bool:
-        return bool(self.info.stage == self.mesh.shape[0] - 1)
+        return self.info.stage == self.num_stages - 1
+
+    @property
+    def is_tp_leader(self) -> bool:
+        return self.info.tp_index == 0
+
+    @property
+    def reports_loss(self) -> bool:
+        """True on the ranks that get the micro-batch losses: last stage, TP index 0."""
+        return self.is_last and self.is_tp_leader
 
     def step(self, inputs: Any = None, targets: Any = None) -> Any:
         """One pipeline step on this replica's batch: the first stage feeds ``inputs``, the
-        last receives ``targets`` and returns the micro-batch losses."""
-        if self.is_first and self.is_last:
-            losses: list[Any] = []
-            self.schedule.step(inputs, target=targets, losses=losses)
-            return losses
-        if self.is_first:
-            self.schedule.step(inputs)
-            return None
-        if self.is_last:
-            losses = []
-            self.schedule.step(target=targets, losses=losses)
-            return losses
-        self.schedule.step()
-        return None
+        last receives ``targets``; returns the micro-batch losses where :attr:`reports_loss`,
+        else None. Every rank calls it once per step (TP followers too)."""
+        losses: list[Any] | None = None
+        if self.schedule is None:
+            assert self._bridge is not None
+            _follow(self.module, self._bridge)
+            if self._grad_scale != 1:
+                for p in self.module.parameters():
+                    if p.grad is not None:
+                        p.grad.div_(self._grad_scale)
+        else:
+            kw: dict[str, Any] = {}
+            if self.is_last:
+                losses = []
+                kw = {"target": targets, "losses": losses}
+            if self.is_first:
+                self.schedule.step(inputs, **kw)
+            else:
+                self.schedule.step(**kw)
+            if self._bridge is not None:
+                self._bridge.send(_END)
+        if self._avg_grads:
+            _average_grads(list(self.module.parameters()), self.dp_group,
+                           dist.get_world_size(self.dp_group))
+        return losses if self.reports_loss else None
 
 
 def setup(plan: Plan, *, embedding: _nn.Module,
           blocks: Sequence[_nn.Module] | Callable[[int], _nn.Module], head: _nn.Module,
           loss_fn: Callable[..., Any], num_blocks: int | None = None,
+          tp_plan: TPPlan | None = None,
           device: Any = None, backend: str | None = None, rank: int | None = None,
           world_size: int | None = None) -> StageRuntime:
     """Build this rank's stage, schedule and groups from the plan.
 
     The plan is checked against the model before any process group is created. The default
     process group is initialised when needed (``MASTER_ADDR``/``MASTER_PORT`` from the
-    environment; rank and world size from :func:`rank_from_env` unless given).
+    environment; rank and world size from :func:`rank_from_env` unless given). Every rank of
+    the world must call it (it creates the groups of every stage).
+
+    ``tp_plan`` says how to split a block over a stage's TP group (see :data:`TPPlan`); it is
+    needed when any stage has ``tp > 1``, and the blocks must read their local head count
+    from the tensor shapes (``q.view(b, s, -1, head_dim)``), as in ``examples/train_gpt.py``.
     """
     n_blocks = num_blocks if num_blocks is not None else (
         len(blocks) if not callable(blocks) or isinstance(blocks, nn.Module) else None)
     if n_blocks is None:
         msg = "setup: give num_blocks when blocks is a factory"
         raise PlanError(msg)
-    check_plan(plan, n_blocks)
+    check_plan(plan, n_blocks, tp_plan=tp_plan)
     env_rank, env_world = rank_from_env()
     rank = env_rank if rank is None else rank
     world_size = env_world if world_size is None else world_size
@@ -170,19 +447,51 @@ def setup(plan: Plan, *, embedding: _nn.Module,
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
-    info = rank_layout(plan)[rank]
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    layout = rank_layout(plan)
+    info = layout[rank]
+    from torch.distributed.device_mesh import DeviceMesh
 
-    mesh = init_device_mesh(device.type, (plan.num_stages, plan.dp), mesh_dim_names=("pp", "dp"))
-    pp_group, dp_group = mesh.get_group("pp"), mesh.get_group("dp")
+    # Groups are collective over the world: every rank creates every group, in one order.
+    first = [0]
+    for st in plan.stages:
+        first.append(first[-1] + plan.dp * st.tp)
+    meshes = [DeviceMesh(device.type, torch.arange(first[s], first[s + 1]).view(plan.dp, st.tp),
+                         mesh_dim_names=("dp", "tp")) for s, st in enumerate(plan.stages)]
+    pp_groups = [dist.new_group([first[s] + r * st.tp for s, st in enumerate(plan.stages)])
+                 for r in range(plan.dp)]
+    mesh = meshes[info.stage]
+    tp = plan.stages[info.stage].tp
+    dp_group, tp_group = mesh.get_group("dp"), mesh.get_group("tp")
+    leader = first[info.stage] + info.replica * tp
+
     module = stage_module(plan, info.stage, embedding=embedding, blocks=blocks,
                           head=head).to(device)
-    if plan.dp > 1:
+    bridge = None
+    # PyTorch's schedules average gradients over micro-batches (scale_grads=True).
+    grad_scale = plan.num_microbatches
+    if tp > 1:
+        assert tp_plan is not None
+        parallelize_blocks(module, plan, info.stage, mesh["tp"], tp_plan)
+        bridge = _TPBridge(tp_group, leader, device)
+        if info.tp_index > 0:
+            return StageRuntime(info=info, module=module, stage=None, schedule=None, mesh=mesh,
+                                dp_group=dp_group, pp_group=None, tp_group=tp_group,
+                                num_stages=plan.num_stages, _bridge=bridge,
+                                _avg_grads=plan.dp > 1, _grad_scale=grad_scale)
+        module = _TPLeader(module, bridge)
+    elif plan.dp > 1:
         module = nn.parallel.DistributedDataParallel(
             module, process_group=dp_group, device_ids=[device] if device.type == "cuda" else None)
-    stage = PipelineStage(module, info.stage, plan.num_stages, device, group=pp_group)
-    kind = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
+    pp = _pipelining()
+    pp_group = pp_groups[info.replica]
+    if bridge is not None:
+        stage = _leader_stage_class()(module, info.stage, plan.num_stages, device, group=pp_group)
+        stage.bridge = bridge
+    else:
+        stage = pp.PipelineStage(module, info.stage, plan.num_stages, device, group=pp_group)
+    kind = pp.ScheduleGPipe if plan.schedule == "gpipe" else pp.Schedule1F1B
     schedule = kind(stage, n_microbatches=plan.num_microbatches, loss_fn=loss_fn)
     return StageRuntime(info=info, module=module, stage=stage, schedule=schedule, mesh=mesh,
-                        dp_group=dp_group, pp_group=pp_group)
+                        dp_group=dp_group, pp_group=pp_group, tp_group=tp_group,
+                        num_stages=plan.num_stages, _bridge=bridge,
+                        _avg_grads=bridge is not None and plan.dp > 1)

@@ -5,7 +5,10 @@
 
 Each process reads the plan (ESPRESSO_PLAN or --plan), builds only its own stage (blocks come
 from a factory), and trains on synthetic tokens, logging loss and step time on the last stage.
-Works on CPU with gloo and on GPUs with NCCL.
+Stages with tp > 1 split each block's attention and MLP matrices over their TP group
+(TP_PLAN: Megatron's column-then-row split). Works on CPU with gloo and on GPUs with NCCL.
+
+    espresso launch examples/plans/tiny-gpt-tp.json --local --script examples/train_gpt.py
 """
 
 from __future__ import annotations
@@ -21,21 +24,50 @@ import espresso
 import espresso.torch as et
 
 
-class Block(nn.Module):
-    """A pre-norm transformer block: causal self-attention and a GeLU MLP."""
+class Attention(nn.Module):
+    """Causal self-attention. The head count is read from the projections' output width, so
+    the same code runs on a TP rank that holds only heads / tp of them."""
 
     def __init__(self, h: int, heads: int) -> None:
         super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
-        self.attn = nn.MultiheadAttention(h, heads, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(h, 4 * h), nn.GELU(), nn.Linear(4 * h, h))
+        self.head_dim = h // heads
+        self.q, self.k, self.v = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
+        self.o = nn.Linear(h, h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        s = x.shape[1]
-        mask = torch.triu(torch.full((s, s), float("-inf"), device=x.device), diagonal=1)
-        y = self.ln1(x)
-        x = x + self.attn(y, y, y, attn_mask=mask, need_weights=False)[0]
+        b, s, _ = x.shape
+        q, k, v = (p(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+                   for p in (self.q, self.k, self.v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, h: int, ffn: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(h, ffn), nn.Linear(ffn, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(nn.functional.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: causal self-attention and a GeLU MLP."""
+
+    def __init__(self, h: int, heads: int, ffn: int) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.attn, self.mlp = Attention(h, heads), MLP(h, ffn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
+
+
+# How a stage with tp > 1 splits a block: q, k, v and fc1 by output columns (each rank gets
+# whole heads), o and fc2 by input rows, so each half needs one all-reduce (Megatron-LM).
+TP_PLAN = {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.o": "rowwise",
+           "mlp.fc1": "colwise", "mlp.fc2": "rowwise"}
 
 
 class Embed(nn.Module):
@@ -56,45 +88,70 @@ class Head(nn.Module):
         return self.out(self.ln(x))
 
 
+def batch(gen: torch.Generator, size: int, seq: int, vocab: int) -> torch.Tensor:
+    """Counting sequences from random starts: the next token is always the current + 1."""
+    start = torch.randint(0, vocab, (size, 1), generator=gen)
+    return (start + torch.arange(seq)) % vocab
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plan", default=os.environ.get("ESPRESSO_PLAN"))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--reference", action="store_true",
+                    help="train the same model in this one process, without the plan, to "
+                         "compare losses with a pipelined run")
     args = ap.parse_args()
+    if not args.plan:
+        ap.error("give --plan PLAN.json (or set ESPRESSO_PLAN)")
     plan = espresso.Plan.from_json(args.plan)
     m = plan.job.model
-    seq = plan.job.seq_len
+    seq, vocab, gbs = plan.job.seq_len, m.vocab_size, plan.job.global_batch_size
 
     def block(i: int) -> nn.Module:
         torch.manual_seed(1000 + i)  # the same weights whichever rank builds block i
-        return Block(m.hidden_size, m.num_heads)
-
-    torch.manual_seed(0)
-    vocab = m.vocab_size
+        return Block(m.hidden_size, m.num_heads, m.ffn)
 
     def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return nn.functional.cross_entropy(out.reshape(-1, vocab), target.reshape(-1))
 
-    rt = et.setup(plan, embedding=Embed(vocab, m.hidden_size, seq), blocks=block,
-                  num_blocks=m.num_layers, head=Head(vocab, m.hidden_size), loss_fn=loss_fn)
+    torch.manual_seed(0)
+    embed, head = Embed(vocab, m.hidden_size, seq), Head(vocab, m.hidden_size)
+    gen = torch.Generator().manual_seed(0)  # the global batch of each step, on every rank
+    if args.reference:
+        model = nn.Sequential(embed, *(block(i) for i in range(m.num_layers)), head)
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        for step in range(args.steps):
+            x = batch(gen, gbs, seq, vocab)
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss = loss_fn(model(x), (x + 1) % vocab)
+            loss.backward()
+            opt.step()
+            print(f"step {step}: loss {loss.item():.4f}, "
+                  f"{(time.perf_counter() - t0) * 1e3:.0f} ms", flush=True)
+        return
+
+    rt = et.setup(plan, embedding=embed, blocks=block, num_blocks=m.num_layers, head=head,
+                  loss_fn=loss_fn, tp_plan=TP_PLAN)
     opt = torch.optim.AdamW(rt.module.parameters(), lr=args.lr)
     per_replica = plan.micro_batch_size * plan.num_microbatches
-    gen = torch.Generator().manual_seed(rt.info.replica)
     dev = next(rt.module.parameters()).device
+    r = rt.info.replica
     for step in range(args.steps):
-        # Counting sequences from random starts: the next token is always the current + 1.
-        start = torch.randint(0, vocab, (per_replica, 1), generator=gen)
-        x = ((start + torch.arange(seq)) % vocab).to(dev)
-        y = (x + 1) % vocab
+        x = batch(gen, gbs, seq, vocab)[r * per_replica:(r + 1) * per_replica].to(dev)
         t0 = time.perf_counter()
         opt.zero_grad()
-        losses = rt.step(x, y)
+        losses = rt.step(x, (x + 1) % vocab)
         opt.step()
         dt = time.perf_counter() - t0
-        if rt.is_last and rt.info.replica == 0:
-            loss = torch.stack(losses).mean().item()
-            print(f"step {step}: loss {loss:.4f}, {dt * 1e3:.0f} ms", flush=True)
+        if losses is not None:  # last stage, TP rank 0: the mean over all replicas
+            loss = torch.stack(losses).mean()
+            torch.distributed.all_reduce(loss, group=rt.dp_group)
+            if r == 0:
+                print(f"step {step}: loss {loss.item() / plan.dp:.4f}, {dt * 1e3:.0f} ms",
+                      flush=True)
     torch.distributed.destroy_process_group()
 
 

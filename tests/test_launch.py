@@ -54,6 +54,30 @@ def test_missing_gpus_are_named() -> None:
         assign_hosts(plan, hosts)
 
 
+def test_tp_groups_never_straddle_hosts() -> None:
+    plan = es.Plan.from_json(EXAMPLE)  # stage 0: dp 2 x tp 2 on A100-80GB
+    hosts = hosts_from_dict({"hosts": [
+        {"address": "a", "gpu": "A100-80GB", "gpus": 3},
+        {"address": "b", "gpu": "A100-80GB", "gpus": 3},
+        {"address": "c", "gpu": "L40S", "gpus": 2}]})
+    nodes = assign_hosts(plan, hosts)
+    host_of = {r: n.host.address for n in nodes for r in range(n.first_rank,
+                                                                n.first_rank + n.nproc)}
+    for info in rank_layout(plan):
+        leader = info.rank - info.tp_index
+        assert host_of[info.rank] == host_of[leader]  # the whole TP group on one host
+    assert [(n.host.address, n.first_rank, n.nproc) for n in nodes] == [
+        ("a", 0, 2), ("b", 2, 2), ("c", 4, 2)]
+    # Enough A100s in total (3 + 1), but replica 1's TP pair fits on neither host.
+    hosts = hosts_from_dict({"hosts": [
+        {"address": "a", "gpu": "A100-80GB", "gpus": 3},
+        {"address": "b", "gpu": "A100-80GB", "gpus": 1},
+        {"address": "c", "gpu": "L40S", "gpus": 2}]})
+    with pytest.raises(LaunchError, match=r"stage 0 \(replica 1\) needs 2 A100-80GB GPUs on "
+                                          r"one host .* has left is 1"):
+        assign_hosts(plan, hosts)
+
+
 def test_non_adjacent_stages_on_one_host_get_device_offsets(tiny_job: es.Job) -> None:
     plan = make_plan(tiny_job, [("A100-80GB", 1, 0, 1), ("L4", 1, 1, 2), ("A100-80GB", 1, 2, 4)],
                      num_microbatches=16)

@@ -1,5 +1,6 @@
 """espresso.torch on CPU with gloo: pipeline stages from a plan reproduce a single-process
-run (losses and every gradient) for an uneven 1F1B split, pp x dp, and GPipe."""
+run (losses and every gradient) for an uneven 1F1B split, pp x dp, GPipe, and stages of
+different tensor-parallel widths (with and without dp)."""
 
 from __future__ import annotations
 
@@ -38,12 +39,18 @@ def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(out.reshape(-1, V), target.reshape(-1))
 
 
-def make_plan(stages: list[tuple[int, int]], dp: int, m: int, schedule: str) -> es.Plan:
+TP_PLAN = {"fc1": "colwise", "fc2": "rowwise"}
+
+
+def make_plan(stages: list[tuple[int, int]], dp: int, m: int, schedule: str,
+              tp: tuple[int, ...] | None = None) -> es.Plan:
     model = es.ModelSpec(name="tiny", num_layers=L, hidden_size=H, num_heads=2, vocab_size=V)
     job = es.Job(model=model, seq_len=SEQ, global_batch_size=dp * m, iterations=1,
                  deadline_hours=1)
+    tps = tp or (1,) * len(stages)
     return es.Plan(job=job, dp=dp, micro_batch_size=1, num_microbatches=m, schedule=schedule,
-                   stages=tuple(es.Stage(gpu="L4", layers=s) for s in stages))
+                   stages=tuple(es.Stage(gpu="L4", layers=s, tp=t)
+                                for s, t in zip(stages, tps, strict=True)))
 
 
 def worker(rank: int, plan_json: str, port: int) -> None:
@@ -64,16 +71,23 @@ def worker(rank: int, plan_json: str, port: int) -> None:
     ref_loss.backward()
 
     rt = et.setup(plan, embedding=emb, blocks=blocks, head=head, loss_fn=loss_fn,
-                  rank=rank, world_size=world)
+                  rank=rank, world_size=world, tp_plan=TP_PLAN)
+    tp = plan.stages[rt.info.stage].tp
+    for blk in blocks[slice(*plan.stages[rt.info.stage].layers)]:
+        # Split over the TP group: this rank holds 1/tp of each MLP matrix.
+        assert blk.fc1.weight.to_local().shape == (4 * H // tp, H) if tp > 1 else True
+        assert hasattr(blk.fc2.weight, "to_local") == (tp > 1)
     r, per = rt.info.replica, plan.micro_batch_size * plan.num_microbatches
     xs, ys = x[r * per:(r + 1) * per], y[r * per:(r + 1) * per]
     losses = rt.step(xs, ys)
-    if rt.is_last:
+    assert (losses is not None) == rt.reports_loss
+    if rt.reports_loss:
+        assert losses is not None
         mean = torch.stack(losses).mean()
         torch.distributed.all_reduce(mean, group=rt.dp_group)
         mean /= plan.dp
         assert torch.allclose(mean, ref_loss, atol=1e-5), (float(mean), float(ref_loss))
-    # Every parameter of this stage has the reference gradient.
+    # Every parameter of this stage has the reference gradient (a TP shard: the gathered one).
     a, b = plan.stages[rt.info.stage].layers
     mine = ([emb] if rt.is_first else []) + blocks[a:b] + ([head] if rt.is_last else [])
     theirs = (([ref_emb] if rt.is_first else []) + ref_blocks[a:b]
@@ -81,7 +95,8 @@ def worker(rank: int, plan_json: str, port: int) -> None:
     for m_mine, m_ref in zip(mine, theirs, strict=True):
         for (n, p), (_, q) in zip(m_mine.named_parameters(), m_ref.named_parameters(), strict=True):
             assert p.grad is not None, n
-            assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), (rank, n)
+            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            assert torch.allclose(g, q.grad, atol=1e-5, rtol=1e-4), (rank, n)
     torch.distributed.destroy_process_group()
 
 
@@ -92,16 +107,20 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize(
-    ("stages", "dp", "m", "schedule"),
+    ("stages", "dp", "m", "schedule", "tp"),
     [
-        ([(0, 1), (1, 4)], 1, 4, "1f1b"),   # two stages, uneven split
-        ([(0, 3), (3, 4)], 2, 2, "1f1b"),   # pp 2 x dp 2
-        ([(0, 2), (2, 4)], 1, 3, "gpipe"),  # GPipe
+        ([(0, 1), (1, 4)], 1, 4, "1f1b", None),   # two stages, uneven split
+        ([(0, 3), (3, 4)], 2, 2, "1f1b", None),   # pp 2 x dp 2
+        ([(0, 2), (2, 4)], 1, 3, "gpipe", None),  # GPipe
+        ([(0, 1), (1, 4)], 1, 4, "1f1b", (2, 1)),  # tp 2 feeding tp 1
+        ([(0, 3), (3, 4)], 2, 2, "gpipe", (1, 2)),  # tp 1 feeding tp 2, dp 2
+        ([(0, 4)], 1, 2, "1f1b", (2,)),  # one stage of tp 2
     ],
+    ids=["uneven-1f1b", "pp2xdp2", "gpipe", "tp2-tp1", "tp1-tp2-dp2", "tp2-alone"],
 )
 def test_pipeline_matches_single_process(stages: list[tuple[int, int]], dp: int, m: int,
-                                         schedule: str) -> None:
-    plan = make_plan(stages, dp, m, schedule)
+                                         schedule: str, tp: tuple[int, ...] | None) -> None:
+    plan = make_plan(stages, dp, m, schedule, tp)
     torch.multiprocessing.spawn(worker, args=(plan.to_json(), free_port()),
                                 nprocs=plan.num_gpus, join=True)
 
@@ -124,22 +143,43 @@ def test_mismatched_plans_are_refused() -> None:
     tp2 = es.Plan.from_dict({**tp2.to_dict(), "stages": [
         {"gpu": "L4", "tp": 2, "layers": [0, 1]}, {"gpu": "L4", "tp": 1, "layers": [1, 4]}],
         "gpus": {"L4": 3}})
-    with pytest.raises(PlanError, match="tensor parallelism"):
+    with pytest.raises(PlanError, match="stage 0 has tp 2: give setup"):
         et.check_plan(tp2, L)
+    tp4 = es.Plan.from_dict({**tp2.to_dict(), "stages": [
+        {"gpu": "L4", "tp": 4, "layers": [0, 1]}, {"gpu": "L4", "tp": 1, "layers": [1, 4]}],
+        "gpus": {"L4": 5}})
+    with pytest.raises(PlanError, match="tp 4, which does not divide the model's num_heads 2"):
+        et.check_plan(tp4, L, tp_plan=TP_PLAN)
+    with pytest.raises(PlanError, match="has no such submodule"):
+        et.parallelize_blocks(torch.nn.Sequential(emb, blocks[0]), tp2, 0, None,
+                              {"attn.q": "colwise"})
+    with pytest.raises(PlanError, match="expected 'colwise' or 'rowwise', got 'cols'"):
+        et.parallelize_blocks(torch.nn.Sequential(emb, blocks[0]), tp2, 0, None,
+                              {"fc1": "cols"})
     assert not torch.distributed.is_initialized()  # refused before any process group
 
 
-def test_launch_local_runs_the_example(tmp_path: object) -> None:
-    """`espresso launch --local` rehearses the example training script on CPU with gloo."""
+@pytest.mark.parametrize("plan_file", ["tiny-gpt-2x2.json", "tiny-gpt-tp.json"])
+def test_launch_local_matches_a_single_process(plan_file: str) -> None:
+    """`espresso launch --local` rehearses the example training script on CPU with gloo; its
+    losses equal the same script's single-process reference run (pp 2 x dp 2; tp 2 -> tp 1)."""
+    import re
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).parents[1]
-    r = subprocess.run(
-        [sys.executable, "-m", "espresso.cli", "launch",
-         str(root / "examples/plans/tiny-gpt-2x2.json"), "--local",
-         "--script", str(root / "examples/train_gpt.py"), "--script-args", "--steps 3"],
-        capture_output=True, text=True, timeout=300, check=False)
+    plan, script = root / "examples" / "plans" / plan_file, root / "examples" / "train_gpt.py"
+    steps = ["--script-args", "--steps 3"]
+    r = subprocess.run([sys.executable, "-m", "espresso.cli", "launch", str(plan), "--local",
+                        "--script", str(script), *steps],
+                       capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "step 2: loss" in r.stdout
+    ref = subprocess.run([sys.executable, str(script), "--plan", str(plan), "--reference",
+                          "--steps", "3"], capture_output=True, text=True, timeout=120,
+                         check=True)
+    got = [float(x) for x in re.findall(r"loss (\S+),", r.stdout)]
+    want = [float(x) for x in re.findall(r"loss (\S+),", ref.stdout)]
+    assert len(got) == len(want) == 3, (r.stdout, ref.stdout)
+    assert got == pytest.approx(want, abs=2e-4)
+    assert want[2] < want[0]  # it trains
