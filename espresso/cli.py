@@ -31,6 +31,7 @@ from .model import ModelSpec
 from .plan import Plan
 from .search import InfeasibleError, search
 from .search import plan as plan_search
+from .units import format_count as _count
 from .units import format_hours as _hours
 
 EXIT_OK = 0
@@ -106,7 +107,7 @@ def print_estimate(plan: Plan, est: Estimate, console: Console) -> None:
     console.print(
         f"[bold]{escape(job.model.name)}[/]: seq {job.seq_len}, "
         f"global batch {job.global_batch_size}, "
-        f"{est.iterations:,} iterations ({job.num_tokens / 1e9:,.2f}B tokens), "
+        f"{est.iterations:,} iterations ({_count(job.num_tokens)} tokens), "
         f"deadline {_hours(job.deadline_hours)}"
     )
     console.print(
@@ -223,9 +224,9 @@ def print_plan(plan: Plan, console: Console, single: Plan | None) -> None:
     assert est is not None
     job = plan.job
     console.print(
-        f"[bold]{escape(job.model.name)}[/] ({job.model.num_params / 1e9:.2f}B parameters): "
+        f"[bold]{escape(job.model.name)}[/] ({_count(job.model.num_params)} parameters): "
         f"seq {job.seq_len}, global batch {job.global_batch_size}, {est.iterations:,} "
-        f"iterations ({job.num_tokens / 1e9:,.2f}B tokens), deadline {_hours(job.deadline_hours)}"
+        f"iterations ({_count(job.num_tokens)} tokens), deadline {_hours(job.deadline_hours)}"
     )
     parts = ", ".join(f"{c} x {escape(g)}" for g, c in est.gpus.items())
     console.print(f"Rent: [bold]{parts}[/] (${est.hourly_usd:,.2f}/h).  dp {plan.dp}, "

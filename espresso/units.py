@@ -80,3 +80,11 @@ def format_hours(hours: float) -> str:
     if hours * 60 >= 1:
         return f"{hours * 60:,.1f} min"
     return f"{hours * 3600:,.3g} s"
+
+
+def format_count(n: float) -> str:
+    """A large count with a unit prefix: 6.74B, 350.0M, 12.3K."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}" if scale >= 1e9 else f"{n / scale:.1f}{unit}"
+    return f"{n:,.0f}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -166,7 +167,6 @@ def test_launch_local_matches_a_single_process(plan_file: str) -> None:
     import re
     import subprocess
     import sys
-    from pathlib import Path
 
     root = Path(__file__).parents[1]
     plan, script = root / "examples" / "plans" / plan_file, root / "examples" / "train_gpt.py"
@@ -183,3 +183,46 @@ def test_launch_local_matches_a_single_process(plan_file: str) -> None:
     assert len(got) == len(want) == 3, (r.stdout, ref.stdout)
     assert got == pytest.approx(want, abs=2e-4)
     assert want[2] < want[0]  # it trains
+
+
+def test_printed_torchrun_commands_run_as_two_nodes(tmp_path: Path) -> None:
+    """The node scripts `espresso launch --hosts --out-dir` writes, run side by side on this
+    machine as two 'nodes' (an A100 pair for the tp-2 stage, an L4 for the last stage), train
+    the example with the losses of the single-process reference."""
+    import re
+    import subprocess
+    import sys
+
+    import yaml
+
+    root = Path(__file__).parents[1]
+    plan = root / "examples" / "plans" / "tiny-gpt-tp.json"
+    script = root / "examples" / "train_gpt.py"
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(yaml.safe_dump({"hosts": [
+        {"address": "127.0.0.1", "gpu": "L4", "gpus": 1},
+        {"address": "127.0.0.1", "gpu": "A100-80GB", "gpus": 2}]}))
+    port = free_port()
+    subprocess.run([sys.executable, "-m", "espresso.cli", "launch", str(plan), "--hosts",
+                    str(hosts), "--script", str(script), "--script-args", "--steps 2",
+                    "--port", str(port), "--out-dir", str(tmp_path / "run")],
+                   check=True, capture_output=True, timeout=60)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    nodes = [subprocess.Popen(["bash", str(tmp_path / "run" / f"node{i}.sh")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    outs = []
+    for n in nodes:
+        try:
+            outs.append(n.communicate(timeout=240)[0])
+        finally:
+            n.kill()
+    assert [n.returncode for n in nodes] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    ref = subprocess.run([sys.executable, str(script), "--plan", str(plan), "--reference",
+                          "--steps", "2"], capture_output=True, text=True, timeout=120,
+                         check=True)
+    got = [float(x) for x in re.findall(r"loss (\S+),", outs[1])]  # node 1: the last stage
+    want = [float(x) for x in re.findall(r"loss (\S+),", ref.stdout)]
+    assert len(got) == len(want) == 2
+    assert got == pytest.approx(want, abs=2e-4)

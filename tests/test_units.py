@@ -34,3 +34,13 @@ def test_parse_count(text: str | float, count: int) -> None:
 def test_parse_count_rejects(bad: object) -> None:
     with pytest.raises(es.JobError, match="tokens"):
         es.parse_count(bad)  # type: ignore[arg-type]
+
+
+def test_format_count() -> None:
+    from espresso.units import format_count
+
+    assert format_count(6.74e9) == "6.74B"
+    assert format_count(1_716_480) == "1.7M"
+    assert format_count(1.92e8) == "192.0M"
+    assert format_count(999) == "999"
+    assert format_count(2.5e12) == "2.50T"
