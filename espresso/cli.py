@@ -26,7 +26,7 @@ from .catalog import Catalog
 from .errors import EspressoError, JobError
 from .estimate import Estimate, estimate
 from .job import Job
-from .launch import LaunchError, load_hosts, torchrun_commands
+from .launch import LaunchError, check_runnable, load_hosts, torchrun_commands
 from .model import ModelSpec
 from .plan import Plan
 from .search import InfeasibleError, search
@@ -327,6 +327,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- launch
 def cmd_launch(args: argparse.Namespace) -> int:
     plan = Plan.from_json(args.plan)
+    check_runnable(plan)  # refuse here, once, what every rank would refuse
     if args.local:
         # A dry rehearsal on this machine: one CPU process per GPU of the plan, gloo.
         require("torch")

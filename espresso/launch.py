@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _validate as v
-from .errors import SpecError
+from .errors import PlanError, SpecError
 from .plan import Plan
 
 
@@ -49,6 +49,48 @@ def rank_layout(plan: Plan) -> list[RankInfo]:
                 out.append(RankInfo(rank=len(out), stage=s, replica=r, tp_index=t, gpu=st.gpu,
                                     layers=st.layers))
     return out
+
+
+def check_runnable(plan: Plan, num_blocks: int | None = None,
+                   batch_size: int | None = None) -> None:
+    """Refuse, with PlanError, a plan that ``espresso.torch`` cannot run: stages that do not
+    tile the model's blocks (``num_blocks``: the model given, when known), a TP width that does
+    not divide the heads, KV heads or MLP width, or micro-batching that does not make up the
+    global batch (``batch_size``: one replica's batch, when known)."""
+    if not isinstance(plan, Plan):
+        msg = f"expected a Plan, got {type(plan).__name__}"
+        raise PlanError(msg)
+    model = plan.job.model
+    blocks = model.num_layers if num_blocks is None else num_blocks
+    if num_blocks is None and plan.stages[-1].layers[1] != blocks:
+        msg = (f"the stages end at block {plan.stages[-1].layers[1]} but the plan's model "
+               f"{model.name} has {blocks} blocks")
+        raise PlanError(msg)
+    if plan.stages[-1].layers[1] != blocks or model.num_layers != blocks:
+        msg = (f"the plan covers {plan.stages[-1].layers[1]} blocks (its model has "
+               f"{model.num_layers}) but the model given has {blocks}")
+        raise PlanError(msg)
+    begin = 0
+    for i, st in enumerate(plan.stages):
+        if st.layers[0] != begin or st.layers[1] <= st.layers[0]:
+            msg = f"stage {i} holds layers {list(st.layers)}; expected to start at {begin}"
+            raise PlanError(msg)
+        begin = st.layers[1]
+        for what, n in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads),
+                        ("ffn_hidden_size", model.ffn)):
+            if n % st.tp:
+                msg = f"stage {i} has tp {st.tp}, which does not divide the model's {what} {n}"
+                raise PlanError(msg)
+    gb = plan.dp * plan.micro_batch_size * plan.num_microbatches
+    if gb != plan.job.global_batch_size:
+        msg = (f"dp {plan.dp} x micro_batch_size {plan.micro_batch_size} x num_microbatches "
+               f"{plan.num_microbatches} = {gb}, but the job's global batch is "
+               f"{plan.job.global_batch_size}")
+        raise PlanError(msg)
+    if batch_size is not None and batch_size != plan.micro_batch_size * plan.num_microbatches:
+        msg = (f"each replica's batch is {batch_size} sequences but the plan splits "
+               f"{plan.num_microbatches} micro-batches of {plan.micro_batch_size}")
+        raise PlanError(msg)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

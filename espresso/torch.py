@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._optional import require
 from .errors import PlanError
-from .launch import RankInfo, rank_layout
+from .launch import RankInfo, check_runnable, rank_layout
 from .plan import Plan
 
 if TYPE_CHECKING:
@@ -53,20 +53,8 @@ callable ``(block, tp_mesh) -> block``."""
 def check_plan(plan: Plan, num_blocks: int, batch_size: int | None = None, *,
                tp_plan: TPPlan | None = None) -> None:
     """Refuse a plan that does not match the model (or the runner) with a clear message."""
-    if not isinstance(plan, Plan):
-        msg = f"expected a Plan, got {type(plan).__name__}"
-        raise PlanError(msg)
-    if plan.stages[-1].layers[1] != num_blocks or plan.job.model.num_layers != num_blocks:
-        msg = (f"the plan covers {plan.stages[-1].layers[1]} blocks (its model has "
-               f"{plan.job.model.num_layers}) but the model given has {num_blocks}")
-        raise PlanError(msg)
-    begin = 0
-    model = plan.job.model
+    check_runnable(plan, num_blocks, batch_size)
     for i, st in enumerate(plan.stages):
-        if st.layers[0] != begin or st.layers[1] <= st.layers[0]:
-            msg = f"stage {i} holds layers {list(st.layers)}; expected to start at {begin}"
-            raise PlanError(msg)
-        begin = st.layers[1]
         if st.tp == 1:
             continue
         if tp_plan is None:
@@ -74,26 +62,12 @@ def check_plan(plan: Plan, num_blocks: int, batch_size: int | None = None, *,
                    "block to split (e.g. {'attn.q': 'colwise', ..., 'mlp.fc2': 'rowwise'}), "
                    "or plan with max_tp=1")
             raise PlanError(msg)
-        for what, n in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads),
-                        ("ffn_hidden_size", model.ffn)):
-            if n % st.tp:
-                msg = f"stage {i} has tp {st.tp}, which does not divide the model's {what} {n}"
-                raise PlanError(msg)
-        if not (hasattr(_pipelining().PipelineStage, "_forward_metadata_inference")
-                and hasattr(_pipelining().PipelineStage, "_backward_metadata_inference")):
+        stage_cls = _pipelining().PipelineStage
+        if not (hasattr(stage_cls, "_forward_metadata_inference")
+                and hasattr(stage_cls, "_backward_metadata_inference")):
             msg = (f"stage {i} has tp {st.tp}, but this torch ({torch.__version__}) has a "
                    "PipelineStage without metadata inference; tp > 1 needs torch >= 2.13")
             raise PlanError(msg)
-    gb = plan.dp * plan.micro_batch_size * plan.num_microbatches
-    if gb != plan.job.global_batch_size:
-        msg = (f"dp {plan.dp} x micro_batch_size {plan.micro_batch_size} x num_microbatches "
-               f"{plan.num_microbatches} = {gb}, but the job's global batch is "
-               f"{plan.job.global_batch_size}")
-        raise PlanError(msg)
-    if batch_size is not None and batch_size != plan.micro_batch_size * plan.num_microbatches:
-        msg = (f"each replica's batch is {batch_size} sequences but the plan splits "
-               f"{plan.num_microbatches} micro-batches of {plan.micro_batch_size}")
-        raise PlanError(msg)
 
 
 def _pipelining() -> Any:

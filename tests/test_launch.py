@@ -118,3 +118,22 @@ def test_launch_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     hosts.write_text(yaml.safe_dump({"hosts": [{"address": "x", "gpu": "L40S", "gpus": 2}]}))
     assert main(["launch", str(EXAMPLE), "--hosts", str(hosts)]) == 2
     assert "4 more A100-80GB" in capsys.readouterr().err
+
+
+def test_launch_refuses_plans_the_runner_cannot_run(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused once, before any process starts, with the reason (not once per rank)."""
+    plan = es.Plan.from_json(EXAMPLE)
+    d = plan.to_dict()
+    d["stages"][0]["tp"] = 3
+    d["gpus"] = {"A100-80GB": 6, "L40S": 2}
+    bad = tmp_path / "tp3.json"
+    es.Plan.from_dict(d).to_json(bad)
+    assert main(["launch", str(bad), "--local"]) == 2
+    assert "stage 0 has tp 3, which does not divide the model's num_heads 32" in (
+        capsys.readouterr().err)
+    d = plan.to_dict()
+    d["num_microbatches"] = 3
+    es.Plan.from_dict(d).to_json(bad)
+    assert main(["launch", str(bad), "--hosts", "unused.yaml"]) == 2
+    assert "global batch is 512" in capsys.readouterr().err
