@@ -16,12 +16,14 @@ from .errors import (
     MissingExtraError,
     ModelError,
     PlanError,
+    ProfileError,
     SpecError,
 )
 from .estimate import Estimate, StageEstimate, estimate
 from .job import Job
 from .model import ModelSpec
 from .plan import Plan, Stage
+from .profile import Profile
 from .search import InfeasibleError, SearchResult, SearchStats, place, plan, search
 from .units import parse_count, parse_hours
 
@@ -42,6 +44,8 @@ __all__ = [
     "ModelSpec",
     "Plan",
     "PlanError",
+    "Profile",
+    "ProfileError",
     "SearchResult",
     "SearchStats",
     "SpecError",

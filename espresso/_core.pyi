@@ -44,6 +44,11 @@ class GpuSpec:
     price_per_hour: float
     count: int
     gpus_per_node: int
+    block_fwd_scale: float
+    block_bwd_scale: float
+    head_fwd_scale: float
+    head_bwd_scale: float
+    activation_scale: float
     def __init__(self) -> None: ...
 
 class CostParams:

@@ -23,12 +23,13 @@ from . import __version__
 from ._optional import require
 from ._validate import load_yaml
 from .catalog import Catalog
-from .errors import EspressoError, JobError
+from .errors import EspressoError, JobError, ProfileError
 from .estimate import Estimate, estimate
 from .job import Job
 from .launch import LaunchError, check_runnable, load_hosts, torchrun_commands
 from .model import ModelSpec
 from .plan import Plan
+from .profile import Profile
 from .search import InfeasibleError, search
 from .search import plan as plan_search
 from .units import format_count as _count
@@ -152,9 +153,30 @@ def print_estimate(plan: Plan, est: Estimate, console: Console) -> None:
             console.print(f"  - {escape(r)}")
 
 
+def _profiles(items: list[str] | None) -> dict[str, Profile] | None:
+    """``--profile GPU=FILE`` (repeatable) -> {gpu: Profile}."""
+    if not items:
+        return None
+    out: dict[str, Profile] = {}
+    for item in items:
+        gpu, sep, path = item.partition("=")
+        if not sep or not gpu or not path:
+            msg = f"--profile: expected GPU=FILE (e.g. A100-80GB=prof.json), got {item!r}"
+            raise ProfileError(msg)
+        prof = Profile.load(path)
+        if prof.gpu != gpu:
+            msg = f"--profile {item}: the file is a profile of {prof.gpu}, not {gpu}"
+            raise ProfileError(msg)
+        out[gpu] = prof
+    return out
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     catalog = _catalog(args.catalog)
     plan = Plan.from_json(args.plan)
+    profiles = _profiles(args.profile)
+    if profiles is not None:
+        plan = replace(plan, profiles=profiles)
     est = estimate(plan, catalog)
     if args.json:
         text = replace(plan, estimate=est).to_json()
@@ -281,7 +303,8 @@ def _single_type_best(job: Job, catalog: Catalog, kwargs: dict[str, Any]) -> Pla
     for g in catalog:
         if g.count == 0:
             continue
-        res = search(job, Catalog(gpus=(g,)), **kwargs)
+        profs = {k: p for k, p in (kwargs.get("profiles") or {}).items() if k == g.name}
+        res = search(job, Catalog(gpus=(g,)), **{**kwargs, "profiles": profs})
         if res.plans and res.plans[0].estimate is not None:
             cand = res.plans[0]
             assert cand.estimate is not None
@@ -295,7 +318,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     job = _job_from_args(args)
     console = _console()
     kwargs: dict[str, Any] = dict(threads=args.threads, time_limit_s=args.time_limit,
-                                  max_stages=args.max_stages, max_tp=args.max_tp)
+                                  max_stages=args.max_stages, max_tp=args.max_tp,
+                                  profiles=_profiles(args.profile))
     objective = "time" if args.budget is not None else "cost"
     try:
         best = _run_with_progress(
@@ -385,6 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--catalog", metavar="FILE", help="catalog YAML/JSON (default: built-in)")
     p.add_argument("--json", metavar="OUT",
                    help="write the plan with its estimate as JSON to OUT ('-': stdout only)")
+    p.add_argument("--profile", action="append", metavar="GPU=FILE",
+                   help="measured profile (espresso profile) replacing the analytic block "
+                        "costs of GPU; repeatable")
     p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser(
@@ -415,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tensor-parallel width at most (default 8)")
     p.add_argument("--no-compare", dest="compare", action="store_false",
                    help="skip the comparison with single-type plans")
+    p.add_argument("--profile", action="append", metavar="GPU=FILE",
+                   help="measured profile (espresso profile) replacing the analytic block "
+                        "costs of GPU; repeatable")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser(

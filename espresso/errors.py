@@ -27,5 +27,9 @@ class PlanError(SpecError):
     """A plan is malformed (as opposed to well-formed but infeasible)."""
 
 
+class ProfileError(SpecError):
+    """A profile is malformed, or does not fit the model or GPU type it is applied to."""
+
+
 class MissingExtraError(EspressoError, ImportError):
     """An optional dependency is not installed."""

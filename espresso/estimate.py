@@ -11,6 +11,7 @@ from .catalog import Catalog
 from .cost import CostParams
 from .errors import PlanError, SpecError
 from .plan import Plan
+from .profile import apply_profiles, as_profiles
 
 GB = 1e9
 
@@ -212,7 +213,7 @@ def _reason(issue: Any, plan: Plan, names: list[str], res: Any, catalog: Catalog
 
 
 def estimate(plan: Plan, catalog: Catalog | None = None, *,
-             cost_model: CostParams | None = None) -> Estimate:
+             cost_model: CostParams | None = None, profiles: Any = None) -> Estimate:
     """Estimate time, memory and cost of ``plan`` on ``catalog`` (the built-in one by default).
 
     Parameters
@@ -223,6 +224,9 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
         GPU types the stages name; ``Catalog.builtin()`` when omitted.
     cost_model
         Constants of the cost model; the plan's own (``plan.cost_model``) when omitted.
+    profiles
+        Measured profiles, ``{gpu: Profile | path}``: they replace the analytic block and head
+        times and block activations of those GPU types; the plan's own when omitted.
 
     Returns
     -------
@@ -247,6 +251,9 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
         if st.gpu not in names:
             names.append(st.gpu)
     specs = [catalog[n]._spec() for n in names]
+    profiles = plan.profiles if profiles is None else as_profiles(profiles)
+    apply_profiles(specs, names, catalog, plan.job.model, params,
+                   {g: p for g, p in profiles.items() if g in names})
     core_stages = [
         core.StageSpec(names.index(st.gpu), st.tp, st.layers[0], st.layers[1])
         for st in plan.stages

@@ -22,7 +22,7 @@ MAX_STAGES = 1024
 MAX_MICROBATCHES = 1 << 20
 
 _PLAN_KEYS = ("schema", "job", "dp", "micro_batch_size", "num_microbatches", "schedule",
-              "recompute", "stages", "gpus", "estimate", "cost_model", "stats")
+              "recompute", "stages", "gpus", "estimate", "cost_model", "profiles", "stats")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +93,10 @@ class Plan:
     """The cost model's estimate, when attached (``plan.with_estimate()``)."""
     stats: dict[str, Any] | None = None
     """Search statistics, for plans the search produced."""
+    profiles: dict[str, Any] = field(default_factory=dict)
+    """Measured profiles (``{gpu: espresso.Profile}``) that replace the analytic block costs
+    of those GPU types in the estimate; part of the plan so it estimates the same when read
+    back."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -127,6 +131,9 @@ class Plan:
         set_(self, "schedule", v.choice("plan.schedule", self.schedule, SCHEDULES, err=PlanError))
         set_(self, "recompute",
              v.choice("plan.recompute", self.recompute, RECOMPUTE, err=PlanError))
+        from .profile import as_profiles
+
+        set_(self, "profiles", as_profiles(self.profiles))
         if not isinstance(self.cost_model, CostParams):
             msg = f"plan.cost_model: expected CostParams, got {type(self.cost_model).__name__}"
             raise PlanError(msg)
@@ -194,7 +201,8 @@ class Plan:
         est = Estimate.from_dict(data["estimate"]) if data.get("estimate") else None
         plan = cls(job=job, stages=stages, dp=dp, micro_batch_size=mbs, num_microbatches=m,
                    schedule=data.get("schedule", "1f1b"), recompute=data.get("recompute", "none"),
-                   cost_model=cost, estimate=est, stats=data.get("stats"))
+                   cost_model=cost, estimate=est, stats=data.get("stats"),
+                   profiles=data.get("profiles") or {})
         if "gpus" in data:
             given = v.mapping("plan.gpus", data["gpus"], err=PlanError)
             if dict(given) != plan.gpus:
@@ -220,6 +228,8 @@ class Plan:
         changed = self.cost_model.to_dict(only_changed=True)
         if changed:
             out["cost_model"] = changed
+        if self.profiles:
+            out["profiles"] = {g: p.to_dict() for g, p in self.profiles.items()}
         if self.estimate is not None:
             out["estimate"] = self.estimate.to_dict()
         if self.stats is not None:

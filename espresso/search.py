@@ -16,6 +16,7 @@ from .errors import EspressoError, SpecError
 from .estimate import _workload, estimate
 from .job import Job
 from .plan import RECOMPUTE, SCHEDULES, Plan, Stage
+from .profile import apply_profiles, as_profiles
 from .units import format_hours as _hours
 
 PRUNING_RULES = ("cost", "deadline", "memory", "dominance")
@@ -136,7 +137,7 @@ def _job_workload(job: Job) -> Any:
 
 
 def _to_plan(sp: Any, job: Job, catalog: Catalog, cost: CostParams,
-             stats: dict[str, Any] | None) -> Plan:
+             stats: dict[str, Any] | None, profiles: dict[str, Any]) -> Plan:
     w = sp.work
     stages = tuple(Stage(gpu=catalog.gpus[s.gpu].name, tp=s.tp, layers=(s.layer_begin, s.layer_end))
                    for s in sp.stages)
@@ -144,7 +145,8 @@ def _to_plan(sp: Any, job: Job, catalog: Catalog, cost: CostParams,
                 num_microbatches=w.num_microbatches,
                 schedule="gpipe" if w.schedule == core.Schedule.GPIPE else "1f1b",
                 recompute="full" if w.recompute == core.Recompute.FULL else "none",
-                cost_model=cost, stats=stats)
+                cost_model=cost, stats=stats,
+                profiles={g: p for g, p in profiles.items() if any(st.gpu == g for st in stages)})
     est = estimate(plan, catalog)
     # The search optimised exactly what estimate() reports.
     assert est.iteration_s == sp.estimate.iteration_s, (est.iteration_s, sp.estimate.iteration_s)
@@ -157,7 +159,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
            micro_batch_sizes: Sequence[int] = (1, 2, 4, 8),
            recompute: Sequence[str] = ("none", "full"), schedule: str = "1f1b",
            cost_model: CostParams | None = None, enforce_deadline: bool = True,
-           prune: dict[str, bool] | None = None) -> SearchResult:
+           prune: dict[str, bool] | None = None, profiles: Any = None) -> SearchResult:
     """Run the search and return up to ``top_k`` plans with the statistics.
 
     The space: data-parallel degree (any divisor of the global batch), micro-batch size,
@@ -178,9 +180,11 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                     threads=threads, top_k=top_k, max_stages=max_stages, max_tp=max_tp,
                     micro_batch_sizes=micro_batch_sizes, recompute=recompute,
                     schedule=schedule, enforce_deadline=enforce_deadline, prune=prune)
+    profs = as_profiles(profiles)
+    specs = catalog._specs()
+    apply_profiles(specs, catalog.names, catalog, job.model, cost, profs)
     try:
-        res = core.search(job.model._dims(), catalog._specs(), cost._core(), _job_workload(job),
-                          opts)
+        res = core.search(job.model._dims(), specs, cost._core(), _job_workload(job), opts)
     except ValueError as exc:
         msg = f"search: {exc}"
         raise SpecError(msg) from None
@@ -198,7 +202,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         seconds=s.seconds, threads=s.threads, lower_bound=s.lower_bound, gap=max(0.0, gap),
         complete=s.complete, timed_out=s.timed_out,
         objective="cost" if opts.objective == core.Objective.COST else "time")
-    plans = [_to_plan(sp, job, catalog, cost, {**stats.to_dict(), "rank": i + 1})
+    plans = [_to_plan(sp, job, catalog, cost, {**stats.to_dict(), "rank": i + 1}, profs)
              for i, sp in enumerate(res.plans)]
     return SearchResult(plans=plans, stats=stats)
 
@@ -290,7 +294,8 @@ def plan(job: Job, catalog: Catalog | None = None, *, time_limit_s: float | None
 
 def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
           micro_batch_size: int = 1, recompute: str = "none", schedule: str = "1f1b",
-          catalog: Catalog | None = None, cost_model: CostParams | None = None) -> Plan:
+          catalog: Catalog | None = None, cost_model: CostParams | None = None,
+          profiles: Any = None) -> Plan:
     """Arrange GPUs you already have: the stage order and layer split with the smallest
     iteration time for the given stage groups ``[(gpu type, tp), ...]`` (one per stage).
 
@@ -338,6 +343,8 @@ def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
                  num_microbatches=B // (dp * micro_batch_size), recompute=recompute,
                  schedule=schedule, cost_model=cost)
     specs = [catalog[n]._spec() for n in names]
+    profs = {g: p for g, p in as_profiles(profiles).items() if g in names}
+    apply_profiles(specs, names, catalog, job.model, cost, profs)
     res = core.place(job.model._dims(), specs, cost._core(), _workload(probe), core_groups,
                      core.PlaceOptions())
     if not res.found:
@@ -349,7 +356,7 @@ def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
                    for s in res.stages)
     out = Plan(job=job, stages=stages, dp=dp, micro_batch_size=micro_batch_size,
                num_microbatches=probe.num_microbatches, recompute=probe.recompute,
-               schedule=probe.schedule, cost_model=cost,
+               schedule=probe.schedule, cost_model=cost, profiles=profs,
                stats={"placer_nodes": res.nodes, "placer_leaves": res.leaves,
                       "exhaustive": res.exhaustive, "lower_bound_s": res.lower_bound_s})
     return out.with_estimate(catalog)

@@ -48,7 +48,12 @@ void register_cost_model(py::module_& m) {
         .def_readwrite("efficiency", &GpuSpec::efficiency)
         .def_readwrite("price_per_hour", &GpuSpec::price_per_hour)
         .def_readwrite("count", &GpuSpec::count)
-        .def_readwrite("gpus_per_node", &GpuSpec::gpus_per_node);
+        .def_readwrite("gpus_per_node", &GpuSpec::gpus_per_node)
+        .def_readwrite("block_fwd_scale", &GpuSpec::block_fwd_scale)
+        .def_readwrite("block_bwd_scale", &GpuSpec::block_bwd_scale)
+        .def_readwrite("head_fwd_scale", &GpuSpec::head_fwd_scale)
+        .def_readwrite("head_bwd_scale", &GpuSpec::head_bwd_scale)
+        .def_readwrite("activation_scale", &GpuSpec::activation_scale);
 
     py::class_<CostParams>(m, "CostParams")
         .def(py::init<>())

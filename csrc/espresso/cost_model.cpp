@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 #include "espresso/pipeline_sim.hpp"
 
@@ -173,6 +174,24 @@ void validate(const GpuSpec& g, std::size_t index) {
     }
     check_int(f + "count", g.count, 0, std::int64_t{1} << 40);
     check_int(f + "gpus_per_node", g.gpus_per_node, 1, kMaxTp);
+    const std::pair<const char*, double> scales[] = {
+        {"block_fwd_scale", g.block_fwd_scale}, {"block_bwd_scale", g.block_bwd_scale},
+        {"head_fwd_scale", g.head_fwd_scale},   {"head_bwd_scale", g.head_bwd_scale},
+        {"activation_scale", g.activation_scale}};
+    for (const auto& [name, value] : scales) {
+        if (!std::isfinite(value) || value < 1e-6 || value > 1e6) {
+            bad(f + "profile." + name, value, "in [1e-6, 1e6]");
+        }
+    }
+}
+
+double profile_min_time_scale(const GpuSpec& g) {
+    return std::min({g.block_fwd_scale, g.block_bwd_scale, g.head_fwd_scale, g.head_bwd_scale});
+}
+
+double profile_bwd_fwd_ratio(const GpuSpec& g) {
+    return std::min({1.0, g.block_bwd_scale / g.block_fwd_scale,
+                     g.head_bwd_scale / g.head_fwd_scale});
 }
 
 void validate(const CostParams& p) {
@@ -231,7 +250,7 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
 
     // Activations.
     e.in_flight = in_flight(work.schedule, index, num_stages, work.num_microbatches);
-    const double blk_act = block_activation_bytes(model, params, s, b, tp);
+    const double blk_act = block_activation_bytes(model, params, s, b, tp) * g.activation_scale;
     if (work.recompute == Recompute::Full) {
         e.activation_bytes = d(e.in_flight) * L * d(s) * d(b) * d(model.hidden_size) *
                              params.bytes_per_activation;
@@ -248,12 +267,16 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     const double blk_flops = block_fwd_flops(model, s, b);
     const double eff = g.efficiency > 0 ? g.efficiency : params.efficiency;
     const double rate = g.tflops * 1e12 * eff * td;
-    e.fwd_flops = L * blk_flops + (last ? head_fwd_flops(model, s, b) : 0.0);
+    const double head_flops = last ? head_fwd_flops(model, s, b) : 0.0;
+    e.fwd_flops = L * blk_flops + head_flops;
     const double act_msg = d(s) * d(b) * d(model.hidden_size) * params.bytes_per_activation;
     const double tp_ar = ring_allreduce_s(act_msg, tp, g.intra_node_gbs, params);
-    e.fwd_s = e.fwd_flops / rate + L * 2.0 * tp_ar;
-    e.bwd_s = 2.0 * e.fwd_flops / rate + L * 2.0 * tp_ar;
-    if (work.recompute == Recompute::Full) e.bwd_s += L * blk_flops / rate + L * 2.0 * tp_ar;
+    // A profile scales each part's compute time (1 when analytic).
+    const double blk_f = L * blk_flops * g.block_fwd_scale / rate;
+    const double blk_b = 2.0 * L * blk_flops * g.block_bwd_scale / rate;
+    e.fwd_s = blk_f + head_flops * g.head_fwd_scale / rate + L * 2.0 * tp_ar;
+    e.bwd_s = blk_b + 2.0 * head_flops * g.head_bwd_scale / rate + L * 2.0 * tp_ar;
+    if (work.recompute == Recompute::Full) e.bwd_s += blk_f + L * 2.0 * tp_ar;
 
     // Once per iteration: gradient all-reduce over DP, optimizer step.
     const bool dp_intra = work.dp * tp <= g.gpus_per_node;

@@ -38,7 +38,22 @@ struct GpuSpec {
     double price_per_hour = 0;      // USD per GPU-hour
     std::int64_t count = 0;         // availability
     std::int64_t gpus_per_node = 1;
+    // Measured profile (espresso.profile), as factors on the analytic model: a block's
+    // forward and backward compute time, the head's, and a block's stashed activations.
+    // 1: analytic. profile_min_time_scale() is the least of the four time factors.
+    double block_fwd_scale = 1.0;
+    double block_bwd_scale = 1.0;
+    double head_fwd_scale = 1.0;
+    double head_bwd_scale = 1.0;
+    double activation_scale = 1.0;
 };
+
+// The least time factor of a GPU type's profile (1 without one): every FLOP it runs takes
+// at least this fraction of its analytic time, which keeps the search's bounds admissible.
+double profile_min_time_scale(const GpuSpec& g);
+// The least backward/forward ratio of the profile's time factors relative to the analytic
+// ratio (at most 1): bounds that assume a backward costs q-1 forwards use q-1 times this.
+double profile_bwd_fwd_ratio(const GpuSpec& g);
 
 // Every constant of the model, named; defaults are documented in docs/cost-model.md.
 struct CostParams {

@@ -181,7 +181,7 @@ private:
             const StageGroup& g = distinct_[static_cast<std::size_t>(j)];
             const GpuSpec& s = gpus_[static_cast<std::size_t>(g.gpu)];
             const double eff = s.efficiency > 0 ? s.efficiency : params_.efficiency;
-            return s.tflops * eff / s.memory_gb;
+            return s.tflops * eff / (s.block_fwd_scale + 2 * s.block_bwd_scale) / s.memory_gb;
         };
         std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t c) {
             return opt_.ratio_order ? ratio(a) < ratio(c) : a < c;

@@ -139,7 +139,11 @@ private:
         for (std::int64_t t = 0; t < n; ++t) {
             const GpuSpec& g = gpus_[static_cast<std::size_t>(t)];
             const double eff = g.efficiency > 0 ? g.efficiency : params_.efficiency;
-            rate_[static_cast<std::size_t>(t)] = g.tflops * 1e12 * eff;
+            // With a profile, the fastest of its parts: no FLOP runs faster, so the bounds
+            // built on rate_ stay admissible.
+            rate_[static_cast<std::size_t>(t)] = g.tflops * 1e12 * eff / profile_min_time_scale(g);
+            bwd_fwd_ratio_ = std::min(bwd_fwd_ratio_, profile_bwd_fwd_ratio(g));
+            min_act_scale_ = std::min(min_act_scale_, g.activation_scale);
             cap_[static_cast<std::size_t>(t)] = std::max(0.0, usable_bytes(g, params_));
             for (std::int64_t w = 1; w <= std::min(g.gpus_per_node, opt_.max_tp); w *= 2) {
                 if (tp_divides(model_, w)) widths_[static_cast<std::size_t>(t)].push_back(w);
@@ -173,7 +177,15 @@ private:
     bool dominates(std::int64_t i, std::int64_t j) const {
         const GpuSpec& a = gpus_[static_cast<std::size_t>(i)];
         const GpuSpec& b = gpus_[static_cast<std::size_t>(j)];
-        return rate_[static_cast<std::size_t>(i)] >= rate_[static_cast<std::size_t>(j)] &&
+        // Profiles: every part at least as fast, and no more activation memory.
+        const double ra = rate_[static_cast<std::size_t>(i)] * profile_min_time_scale(a);
+        const double rb = rate_[static_cast<std::size_t>(j)] * profile_min_time_scale(b);
+        const bool parts = ra / a.block_fwd_scale >= rb / b.block_fwd_scale &&
+                           ra / a.block_bwd_scale >= rb / b.block_bwd_scale &&
+                           ra / a.head_fwd_scale >= rb / b.head_fwd_scale &&
+                           ra / a.head_bwd_scale >= rb / b.head_bwd_scale &&
+                           a.activation_scale <= b.activation_scale;
+        return parts && rate_[static_cast<std::size_t>(i)] >= rate_[static_cast<std::size_t>(j)] &&
                cap_[static_cast<std::size_t>(i)] >= cap_[static_cast<std::size_t>(j)] &&
                a.mem_bandwidth_gbs >= b.mem_bandwidth_gbs && a.intra_node_gbs >= b.intra_node_gbs &&
                a.inter_node_gbs >= b.inter_node_gbs && a.intra_node_gbs >= b.inter_node_gbs &&
@@ -216,7 +228,7 @@ private:
                                           job_.optimizer_bytes_per_param / (params_.zero1 ? d(dp) : 1.0);
                     c.need_bytes = total_params(model_) * states +
                                    L * d(job_.seq_len) * d(b) * d(model_.hidden_size) *
-                                       params_.bytes_per_activation;
+                                       params_.bytes_per_activation * min_act_scale_;
                     c.suffix_rate.assign(order_.size() + 1, 0.0);
                     c.suffix_cap.assign(order_.size() + 1, 0.0);
                     for (std::size_t p = order_.size(); p-- > 0;) {
@@ -261,14 +273,21 @@ private:
     // 4 with recomputation, since a backward computes at least twice a forward; q = 2 when a
     // stage is tensor-parallel, as both directions carry the same all-reduces). Maximising the
     // work a pipeline of total rate R can do under it gives T >= W (M + (P-1)(1-1/q)) / R.
+    // q with w_k >= q f_k on every stage: a backward computes at least twice a forward (the
+    // head's too, so recomputation does not raise it to 3 on the last stage), times the
+    // profiles' least backward/forward ratio; with tensor parallelism both directions carry
+    // the same all-reduces, so only b >= f is sure.
+    double q_factor(const Node& n) const {
+        return 1.0 + (n.tensor_parallel ? std::min(1.0, 2.0 * bwd_fwd_ratio_)
+                                        : 2.0 * bwd_fwd_ratio_);
+    }
+
     double effective_rate(const Node& n, const Combo& c) const {
         if (n.stages <= 1) return n.rate;
         const double M = d(c.work.num_microbatches), P = d(n.stages);
         double rate = n.rate - (P - 1) * n.min_stage_rate / M;
         if (c.work.schedule == Schedule::OneFOneB) {
-            const double q = n.tensor_parallel ? 2.0
-                             : c.work.recompute == Recompute::Full ? 4.0
-                                                                   : 3.0;
+            const double q = q_factor(n);
             rate = std::min(rate, n.rate * M / (M + (P - 1) * (1 - 1 / q)));
         }
         return rate;
@@ -343,9 +362,7 @@ private:
         if (c.work.schedule == Schedule::OneFOneB && n.stages > 1) {
             // The second pipeline bound with k the bottleneck stage (w_k >= tau) and
             // sum_i w_i >= L blocks at the fastest per-block time (docs/search.md).
-            const double q = n.tensor_parallel ? 2.0
-                             : c.work.recompute == Recompute::Full ? 4.0
-                                                                   : 3.0;
+            const double q = q_factor(n);
             const double a = M - 1 - d(n.stages - 1) / q;
             if (a > 0) {
                 double t_min = kInf;
@@ -731,6 +748,8 @@ private:
     const Workload& job_;
     const SearchOptions& opt_;
     std::vector<double> rate_, cap_, suffix_min_rate_;
+    double bwd_fwd_ratio_ = 1.0;   // least profile backward/forward ratio (1: analytic)
+    double min_act_scale_ = 1.0;   // least profile activation factor, at most 1
     std::vector<std::vector<std::int64_t>> widths_, dominators_;
     std::vector<std::int64_t> order_;
     std::vector<Combo> combos_;
