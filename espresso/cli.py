@@ -23,6 +23,7 @@ from . import __version__
 from ._optional import require
 from ._validate import load_yaml
 from .catalog import Catalog
+from .cost import CostParams
 from .errors import EspressoError, JobError, ProfileError
 from .estimate import Estimate, estimate
 from .job import Job
@@ -348,6 +349,47 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 
+# ---------------------------------------------------------------------- profile
+def cmd_profile(args: argparse.Namespace) -> int:
+    from .profile import profile_model
+
+    catalog = _catalog(args.catalog)
+    gpu = catalog[args.gpu]
+    model = ModelSpec.load(args.model)
+    torch = require("torch")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+             None: None}[args.dtype]
+    console = _console(stderr=True)
+    with console.status(f"Profiling {model.name} on {args.device or 'the default device'}") as st:
+        prof = profile_model(model, gpu=gpu.name, micro_batch_size=args.micro_batch,
+                             seq_len=args.seq_len, device=args.device, dtype=dtype,
+                             warmup=args.warmup, repeats=args.repeats,
+                             progress=lambda m: st.update(f"Profiling {model.name}: {m}"))
+    prof.to_json(args.out)
+    factors = prof.factors(model, gpu, CostParams())
+    out = _console()
+    out.print(f"[bold]{escape(model.name)}[/]: one block and the head, micro-batch "
+              f"{prof.micro_batch_size} x seq {prof.seq_len}, {prof.dtype} on {prof.device}, "
+              f"median of {prof.repeats}")
+    table = Table("part", "measured", f"analytic ({gpu.name})", "measured / analytic")
+    for part, key, analytic_key in (
+            ("block forward", "block_fwd_s", "block_fwd_scale"),
+            ("block backward", "block_bwd_s", "block_bwd_scale"),
+            ("head forward", "head_fwd_s", "head_fwd_scale"),
+            ("head backward", "head_bwd_s", "head_bwd_scale")):
+        t = getattr(prof, key)
+        f = factors[analytic_key]
+        table.add_row(part, f"{t * 1e3:.3f} ms", f"{t / f * 1e3:.3f} ms", f"{f:.2f}x")
+    act = prof.block_activation_bytes
+    table.add_row("block activations", f"{act / 1e6:.1f} MB",
+                  f"{act / factors['activation_scale'] / 1e6:.1f} MB",
+                  f"{factors['activation_scale']:.2f}x")
+    out.print(table)
+    out.print(f"Wrote the profile to {args.out}; use it with "
+              f"`espresso plan ... --profile {gpu.name}={args.out}`")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------- launch
 def cmd_launch(args: argparse.Namespace) -> int:
     plan = Plan.from_json(args.plan)
@@ -446,6 +488,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measured profile (espresso profile) replacing the analytic block "
                         "costs of GPU; repeatable")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser(
+        "profile",
+        help="measure one block and the head of a model on this machine's device",
+        description="Build the model (a preset, HF config.json or model YAML) as PyTorch "
+        "modules, time one block's forward and backward and the head's (median after "
+        "warm-up; CUDA events on a GPU) and count the activations a block keeps, and write a "
+        "profile for GPU type --gpu. Needs the torch extra.",
+    )
+    p.add_argument("--model", required=True, help="preset name, HF config.json or model YAML")
+    p.add_argument("--gpu", required=True, help="catalog GPU type the profile describes")
+    p.add_argument("--out", required=True, metavar="FILE", help="profile JSON to write")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (1)")
+    p.add_argument("--seq-len", type=int, default=2048, help="sequence length (2048)")
+    p.add_argument("--device", help="torch device (default: cuda when present, else cpu)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"),
+                   help="default bf16 on a GPU, fp32 on the CPU")
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs first (3)")
+    p.add_argument("--repeats", type=int, default=10, help="timed runs (10)")
+    p.add_argument("--catalog", metavar="FILE", help="catalog YAML/JSON (default: built-in)")
+    p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser(
         "launch",

@@ -26,7 +26,7 @@ def _norm(spec: ModelSpec) -> Any:
 
 def _rotary(x: Any) -> Any:
     """Rotary position embedding over the last dimension (pairs of halves)."""
-    b, heads, s, d = x.shape
+    s, d = x.shape[-2], x.shape[-1]
     half = d // 2
     freq = 1.0 / (10000 ** (torch.arange(half, device=x.device, dtype=torch.float32) / half))
     angle = torch.arange(s, device=x.device, dtype=torch.float32)[:, None] * freq[None, :]

@@ -16,6 +16,7 @@ adds its all-reduces as before (docs/cost-model.md, "Profiles").
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import statistics
@@ -225,12 +226,13 @@ def _timer(torch: Any, device: Any) -> Callable[[Callable[[], Any]], float]:
 
 
 def _saved_bytes(torch: Any, fn: Callable[[], Any], params: set[int]) -> tuple[Any, float]:
-    """Run ``fn`` and count the distinct storages autograd saves, parameters excluded."""
+    """Run ``fn`` and count the distinct storages autograd saves, excluding the parameters'
+    (``params``: their storages' addresses; a Linear saves a transposed view of its weight)."""
     seen: dict[Any, int] = {}
 
     def pack(t: Any) -> Any:
-        if id(t) not in params and t.device.type != "meta":
-            st = t.untyped_storage()
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
             seen[(st.data_ptr(), t.device)] = st.nbytes()
         return t
 
@@ -261,7 +263,7 @@ def profile_modules(block: Any, head: Any, loss_fn: Callable[[Any, Any], Any], *
     x = torch.randn(b, s, h, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
     target = torch.randint(0, model.vocab_size, (b, s), generator=gen).to(device)
     timer = _timer(torch, device)
-    params = {id(p) for p in [*block.parameters(), *head.parameters()]}
+    params = {p.untyped_storage().data_ptr() for p in [*block.parameters(), *head.parameters()]}
     samples: dict[str, list[float]] = {"block_fwd": [], "block_bwd": [], "head_fwd": [],
                                        "head_bwd": []}
     # Activation bytes from one untimed run (the hooks would slow the timed ones).
@@ -276,14 +278,14 @@ def profile_modules(block: Any, head: Any, loss_fn: Callable[[Any, Any], Any], *
 
         t_f = timer(fwd)
         grad_y = torch.ones_like(box["y"])
-        t_b = timer(lambda box=box, g=grad_y: box["y"].backward(g))
+        t_b = timer(functools.partial(box["y"].backward, grad_y))
         hx = box["y"].detach().requires_grad_(True)
 
         def hfwd(box: dict[str, Any] = box, hx: Any = hx) -> None:
             box["loss"] = loss_fn(head(hx), target)
 
         t_hf = timer(hfwd)
-        t_hb = timer(lambda box=box: box["loss"].backward())
+        t_hb = timer(box["loss"].backward)
         if keep:
             samples["block_fwd"].append(t_f)
             samples["block_bwd"].append(t_b)

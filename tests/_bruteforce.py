@@ -36,6 +36,7 @@ def multisets(groups: list[tuple[str, int]], max_len: int) -> Iterator[tuple[tup
 def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[int, ...] = (1, 2),
                 recompute: tuple[str, ...] = ("none", "full"), max_stages: int = 4,
                 max_tp: int = 8, cost_model: es.CostParams | None = None,
+                profiles: dict[str, es.Profile] | None = None,
                 ) -> tuple[float, es.Plan | None, int]:
     """(best cost, best plan, plans estimated); cost is inf when nothing is feasible."""
     model = job.model
@@ -65,7 +66,9 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                             plan = es.Plan(job=job, stages=tuple(stages), dp=dp,
                                            micro_batch_size=b, num_microbatches=m,
                                            recompute=rc,
-                                           cost_model=cost_model or es.CostParams())
+                                           cost_model=cost_model or es.CostParams(),
+                                           profiles={g: p for g, p in (profiles or {}).items()
+                                                     if any(st.gpu == g for st in stages)})
                             est = es.estimate(plan, catalog)
                             count += 1
                             if est.feasible and est.meets_deadline and est.total_usd < best:
