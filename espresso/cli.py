@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -24,7 +25,7 @@ from ._optional import require
 from ._validate import load_yaml
 from .catalog import Catalog
 from .cost import CostParams
-from .errors import EspressoError, JobError, ProfileError
+from .errors import CatalogError, EspressoError, JobError, ProfileError
 from .estimate import Estimate, estimate
 from .job import Job
 from .launch import LaunchError, check_runnable, load_hosts, torchrun_commands
@@ -390,6 +391,87 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------------- bench-gpu
+def cmd_bench_gpu(args: argparse.Namespace) -> int:
+    from . import gpu as gpu_bench
+
+    console = _console(stderr=args.json == "-")
+    info = gpu_bench.status(args.device)
+    if not info.get("available"):
+        console.print(f"No CUDA GPU to benchmark: {escape(str(info.get('error')))}. Nothing "
+                      "measured.")
+        if args.json:
+            _write_json(args.json, {"device": info, "results": []})
+        return EXIT_OK
+    catalog = _catalog(args.catalog)
+    gpu = catalog[args.gpu] if args.gpu else gpu_bench.match_catalog(info["name"], catalog)
+    with _console(stderr=True).status(f"Benchmarking {info['name']}"):
+        out = gpu_bench.run(args.device, quick=args.quick)
+    out["catalog_gpu"] = gpu.name if gpu else None
+    if args.json:
+        _write_json(args.json, out)
+        if args.json == "-":
+            return EXIT_OK
+    console.print(f"[bold]{escape(info['name'])}[/] (compute {info['compute_capability']}, "
+                  f"{info['sms']} SMs, {info['memory_gb']:.0f} GB); catalog type: "
+                  f"{gpu.name if gpu else 'none matched (give --gpu)'}")
+    table = Table("kernel", "measured", "catalog peak", "efficiency", "verified", "size")
+    for r in out["results"]:
+        peak = None
+        if gpu is not None and r["name"] in ("copy", "triad"):
+            peak = gpu.mem_bandwidth_gbs
+        elif gpu is not None and r["name"] == "gemm_bf16":
+            peak = gpu.bf16_tflops
+        table.add_row(r["name"], f"{r['rate']:,.1f} {r['unit']}",
+                      f"{peak:,.0f} {r['unit']}" if peak else "-",
+                      f"{r['rate'] / peak:.1%}" if peak else "-",
+                      "yes" if r["verified"] else f"[red]NO[/] (error {r['max_error']:.3g})",
+                      escape(r["detail"]))
+    console.print(table)
+    bad = [r["name"] for r in out["results"] if not r["verified"]]
+    if bad:
+        console.print(f"[red]Wrong results from {', '.join(bad)}: their rates mean nothing.[/]")
+        return EXIT_INFEASIBLE
+    return EXIT_OK
+
+
+def _write_json(path: str, data: Any) -> None:
+    text = json.dumps(data, indent=2) + "\n"
+    if path == "-":
+        sys.stdout.write(text)
+    else:
+        Path(path).write_text(text)
+
+
+# ---------------------------------------------------------------------- calibrate
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from . import calibrate
+
+    catalog = _catalog(args.catalog)
+    if bool(args.bench) == bool(args.profile):
+        msg = "calibrate: give exactly one of --bench FILE or --profile FILE"
+        raise EspressoError(msg)
+    if args.bench:
+        data = load_yaml("--bench", args.bench, err=CatalogError)
+        if not isinstance(data, dict) or "results" not in data:
+            msg = f"--bench: {args.bench!r} is not an `espresso bench-gpu --json` result"
+            raise CatalogError(msg)
+        name = args.gpu or data.get("catalog_gpu")
+        if not name:
+            msg = "calibrate: the bench result names no catalog GPU type; give --gpu NAME"
+            raise CatalogError(msg)
+        new, changes = calibrate.from_bench(catalog, data, name)
+    else:
+        prof = Profile.load(args.profile)
+        new, changes = calibrate.from_profile(catalog, prof)
+    Path(args.out).write_text(yaml.safe_dump(new.to_dict(), sort_keys=False))
+    console = _console()
+    for c in changes:
+        console.print(f"  {escape(c)}")
+    console.print(f"Wrote the calibrated catalog to {args.out}")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------- launch
 def cmd_launch(args: argparse.Namespace) -> int:
     plan = Plan.from_json(args.plan)
@@ -509,6 +591,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=10, help="timed runs (10)")
     p.add_argument("--catalog", metavar="FILE", help="catalog YAML/JSON (default: built-in)")
     p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser(
+        "bench-gpu",
+        help="measure this machine's GPU: memory bandwidth, bf16 matmul, host copies",
+        description="Run the CUDA micro-benchmarks (each verified against a CPU reference "
+        "first) and show measured GB/s and TFLOP/s next to the catalog's peak. Without a GPU "
+        "(or without the CUDA module) it says so and exits 0; exit 1 if a kernel's output was "
+        "wrong.",
+    )
+    p.add_argument("--device", type=int, default=0, help="CUDA device index (0)")
+    p.add_argument("--gpu", help="catalog GPU type (default: matched from the device name)")
+    p.add_argument("--catalog", metavar="FILE", help="catalog YAML/JSON (default: built-in)")
+    p.add_argument("--quick", action="store_true", help="small sizes: seconds, rougher numbers")
+    p.add_argument("--json", metavar="OUT", help="write the results as JSON ('-': stdout)")
+    p.set_defaults(func=cmd_bench_gpu)
+
+    p = sub.add_parser(
+        "calibrate",
+        help="write measured rates (bench-gpu or a profile) into a catalog file",
+        description="Set a GPU type's efficiency (and, from bench-gpu, memory bandwidth) from "
+        "measurements, and write the catalog to --out for later plans (--catalog OUT).",
+    )
+    p.add_argument("--catalog", metavar="FILE", help="catalog to start from (default: built-in)")
+    p.add_argument("--bench", metavar="FILE", help="`espresso bench-gpu --json` output")
+    p.add_argument("--profile", metavar="FILE", help="`espresso profile` output")
+    p.add_argument("--gpu", help="catalog GPU type the bench result is of (default: its match)")
+    p.add_argument("--out", required=True, metavar="FILE", help="calibrated catalog YAML")
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser(
         "launch",
