@@ -49,7 +49,7 @@ def test_bench_gpu_without_a_gpu_says_so_and_exits_0(tmp_path: Path,
     assert "No CUDA GPU to benchmark" in capsys.readouterr().out
     data = json.loads(out.read_text())
     assert data["results"] == [] and data["device"]["available"] is False
-    with pytest.raises(gpu_bench.GpuUnavailable, match="no CUDA GPU|not built"):
+    with pytest.raises(gpu_bench.GpuUnavailable, match=r"no CUDA GPU|not built"):
         gpu_bench.run()
 
 
@@ -82,7 +82,7 @@ def test_calibrate_from_a_bench_result(tmp_path: Path) -> None:
     # Unverified kernels are not used; an impossible rate is refused.
     _, changes = calibrate.from_bench(cat, bench_result(494.5, 3900.0, verified=False), "H200")
     assert len(changes) == 1
-    with pytest.raises(es.CatalogError, match="efficiency of 1.26"):
+    with pytest.raises(es.CatalogError, match=r"efficiency of 1\.26"):
         calibrate.from_bench(cat, bench_result(1250.0, 3900.0), "H200")
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(bench_result(494.5, 3900.0)))
