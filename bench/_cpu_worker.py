@@ -49,7 +49,7 @@ def main() -> None:
     if torch.distributed.get_rank() == 0:
         with open(os.environ["ESPRESSO_TIMES"], "w") as f:
             json.dump(times, f)
-    torch.distributed.destroy_process_group()
+    et.shutdown()
 
 
 if __name__ == "__main__":

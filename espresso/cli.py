@@ -504,6 +504,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------- main
+def _add_profile_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", action="append", metavar="GPU=FILE",
+                   help="measured profile (espresso profile) replacing the analytic block "
+                        "costs of GPU; repeatable")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="espresso",
@@ -533,9 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--catalog", metavar="FILE", help="catalog YAML/JSON (default: built-in)")
     p.add_argument("--json", metavar="OUT",
                    help="write the plan with its estimate as JSON to OUT ('-': stdout only)")
-    p.add_argument("--profile", action="append", metavar="GPU=FILE",
-                   help="measured profile (espresso profile) replacing the analytic block "
-                        "costs of GPU; repeatable")
+    _add_profile_arg(p)
     p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser(
@@ -566,9 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tensor-parallel width at most (default 8)")
     p.add_argument("--no-compare", dest="compare", action="store_false",
                    help="skip the comparison with single-type plans")
-    p.add_argument("--profile", action="append", metavar="GPU=FILE",
-                   help="measured profile (espresso profile) replacing the analytic block "
-                        "costs of GPU; repeatable")
+    _add_profile_arg(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser(

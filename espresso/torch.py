@@ -302,6 +302,19 @@ def _average_grads(params: list[Any], group: Any, size: int) -> None:
         offset += g.numel()
 
 
+def shutdown() -> None:
+    """End this rank's part: wait for every rank, then destroy the process groups.
+
+    Destroying them while a peer still talks, or leaving them to interpreter shutdown, can
+    abort a gloo process ("terminate called without an active exception")."""
+    import gc
+
+    if dist.is_initialized():
+        dist.barrier()
+        gc.collect()  # drop DTensor/DeviceMesh references to the groups first
+        dist.destroy_process_group()
+
+
 @dataclass
 class StageRuntime:
     """What this rank runs."""

@@ -152,7 +152,7 @@ def main() -> None:
             if r == 0:
                 print(f"step {step}: loss {loss.item() / plan.dp:.4f}, {dt * 1e3:.0f} ms",
                       flush=True)
-    torch.distributed.destroy_process_group()
+    et.shutdown()
 
 
 if __name__ == "__main__":

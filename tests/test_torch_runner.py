@@ -98,7 +98,7 @@ def worker(rank: int, plan_json: str, port: int) -> None:
             assert p.grad is not None, n
             g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
             assert torch.allclose(g, q.grad, atol=1e-5, rtol=1e-4), (rank, n)
-    torch.distributed.destroy_process_group()
+    et.shutdown()
 
 
 def free_port() -> int:

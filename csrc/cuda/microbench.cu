@@ -139,6 +139,14 @@ std::size_t check_bytes(std::size_t bytes) {
 
 constexpr std::size_t kVerifyBytes = std::size_t{1} << 22;  // 4 MiB of random data
 
+BenchResult start(const char* name, const char* unit, int iters) {
+    BenchResult r;
+    r.name = name;
+    r.unit = unit;
+    r.iterations = iters;
+    return r;
+}
+
 }  // namespace
 
 DeviceInfo device_info(int device) {
@@ -182,10 +190,7 @@ BenchResult bench_copy(int device, std::size_t bytes, int iters) {
     check_iters(iters);
     use_device(device);
     check_fits(2 * bytes, "copy");
-    BenchResult r;
-    r.name = "copy";
-    r.unit = "GB/s";
-    r.iterations = iters;
+    BenchResult r = start("copy", "GB/s", iters);
     constexpr int threads = 256;
     {  // Verify on random data.
         const std::size_t vb = std::min(bytes, kVerifyBytes);
@@ -220,10 +225,7 @@ BenchResult bench_triad(int device, std::size_t bytes, int iters) {
     check_iters(iters);
     use_device(device);
     check_fits(3 * bytes, "triad");
-    BenchResult r;
-    r.name = "triad";
-    r.unit = "GB/s";
-    r.iterations = iters;
+    BenchResult r = start("triad", "GB/s", iters);
     constexpr int threads = 256;
     constexpr float scale = 3.0f;
     {
@@ -391,10 +393,7 @@ BenchResult bench_gemm_bf16(int device, int m, int n, int k, int iters) {
     const auto sm = static_cast<std::size_t>(m), sn = static_cast<std::size_t>(n),
                sk = static_cast<std::size_t>(k);
     check_fits((sm * sk + sn * sk) * 2 + sm * sn * 4, "gemm");
-    BenchResult r;
-    r.name = "gemm_bf16";
-    r.unit = "TFLOP/s";
-    r.iterations = iters;
+    BenchResult r = start("gemm_bf16", "TFLOP/s", iters);
     {  // Verify a 256 x 256 x 256 product on random data against a double-precision CPU one.
         constexpr int vm = 256, vn = 256, vk = 256;
         std::vector<__nv_bfloat16> a(vm * vk), bt(vn * vk);
@@ -455,10 +454,7 @@ BenchResult bench_host_copy(int device, std::size_t bytes, int iters, bool to_de
     check_iters(iters);
     use_device(device);
     check_fits(bytes, "host copy");
-    BenchResult r;
-    r.name = to_device ? "host_to_device" : "device_to_host";
-    r.unit = "GB/s";
-    r.iterations = iters;
+    BenchResult r = start(to_device ? "host_to_device" : "device_to_host", "GB/s", iters);
     HostBuffer h(bytes), back(bytes);
     DeviceBuffer d(bytes);
     {  // Verify: random bytes there and back.
