@@ -21,75 +21,22 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 import espresso as es
+from espresso import calibrate
 from espresso.profile import profile_model
 
 ROOT = Path(__file__).parents[1]
 MODEL = es.ModelSpec(name="cpu-gpt", num_layers=8, hidden_size=512, num_heads=8,
                      ffn_hidden_size=2048, vocab_size=4096, gated_mlp=False, norm="layernorm")
 SEQ, MB = 128, 1
-# fp32 on the CPU: 4 bytes per weight, gradient and activation message.
-COST = dict(bytes_per_weight=4.0, bytes_per_grad=4.0, bytes_per_activation=4.0,
-            link_efficiency=1.0, reserved_gb=0.0)
-
-
-def _pingpong(rank: int, port: int, sizes: list[int], out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    res = {}
-    for n in sizes:
-        t = torch.zeros(n // 4)
-        times = []
-        for i in range(40):
-            dist.barrier()
-            t0 = time.perf_counter()
-            if rank == 0:
-                dist.send(t, 1)
-                dist.recv(t, 1)
-            else:
-                dist.recv(t, 0)
-                dist.send(t, 0)
-            if i >= 5:
-                times.append((time.perf_counter() - t0) / 2)
-        res[n] = min(times)  # the noise of a shared machine only adds
-    if rank == 0:
-        Path(out).write_text(json.dumps(res))
-    dist.destroy_process_group()
-
-
-def measure_link() -> tuple[float, float]:
-    """(latency s, bandwidth GB/s) of one gloo message on loopback."""
-    small, big = 4 << 10, 32 << 20
-    with tempfile.TemporaryDirectory() as d:
-        out = str(Path(d) / "pp.json")
-        torch.multiprocessing.spawn(_pingpong, args=(29611, [small, big], out), nprocs=2)
-        res = {int(k): v for k, v in json.loads(Path(out).read_text()).items()}
-    bw = (big - small) / (res[big] - res[small]) / 1e9
-    lat = max(1e-7, res[small] - small / (bw * 1e9))
-    return lat, bw
-
-
-def measure_optimizer(params: int) -> float:
-    """Memory bandwidth (GB/s) at which the cost model's optimizer-step formula (28 bytes per
-    parameter at memory_bandwidth_efficiency 0.8) gives the measured AdamW step."""
-    torch.set_num_threads(1)
-    p = torch.nn.Parameter(torch.zeros(params))
-    p.grad = torch.ones(params)
-    opt = torch.optim.AdamW([p], lr=1e-3)
-    for _ in range(3):
-        opt.step()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        opt.step()
-    t = (time.perf_counter() - t0) / 10
-    return params * 28.0 / (t * 0.8) / 1e9
+# fp32 on the CPU: 4 bytes per weight, gradient and activation message (the latency is
+# measured below).
+COST = calibrate.cpu_cost_model(1e-5)
 
 
 def plans() -> list[tuple[str, es.Plan]]:
@@ -99,7 +46,7 @@ def plans() -> list[tuple[str, es.Plan]]:
     def mk(stages: list[tuple[int, int]], dp: int, schedule: str) -> es.Plan:
         return es.Plan(job=job, stages=tuple(es.Stage(gpu="CPU", layers=s) for s in stages),
                        dp=dp, micro_batch_size=MB, num_microbatches=8 // (dp * MB),
-                       schedule=schedule, cost_model=es.CostParams(**COST))  # type: ignore[arg-type]
+                       schedule=schedule, cost_model=COST)
 
     return [
         ("pp 2, uneven [0,3)+[3,8), 1F1B, M 8", mk([(0, 3), (3, 8)], 1, "1f1b")),
@@ -128,21 +75,22 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="timed steps per plan (after 3)")
     ap.add_argument("--json", metavar="OUT", help="write the results as JSON")
     args = ap.parse_args()
-    lat, bw = measure_link()
-    mem_bw = measure_optimizer(MODEL.num_params // 2)
+    lat, bw = calibrate.measure_link()
+    cost = calibrate.cpu_cost_model(lat)
+    mem_bw = calibrate.measure_optimizer_gbs(MODEL.num_params // 2, cost)
     torch.set_num_threads(1)
     prof = profile_model(MODEL, gpu="CPU", seq_len=SEQ, micro_batch_size=MB, warmup=3,
                          repeats=15)
     print(f"gloo link: {lat * 1e6:.0f} us latency, {bw:.2f} GB/s; AdamW as {mem_bw:.1f} GB/s; "
           f"profile (1 thread): block {prof.block_fwd_s * 1e3:.1f} + {prof.block_bwd_s * 1e3:.1f}"
           f" ms, head {prof.head_fwd_s * 1e3:.1f} + {prof.head_bwd_s * 1e3:.1f} ms")
-    catalog = es.Catalog(gpus=(es.GpuType(
-        name="CPU", memory_gb=20, bf16_tflops=0.05, mem_bandwidth_gbs=mem_bw,
-        price_per_hour=1.0, count=8, gpus_per_node=8, intra_node_gbs=bw, inter_node_gbs=bw),))
+    # Up to 8 processes (the profile replaces the analytic compute, so the matmul rate only
+    # matters for parts no profile covers).
+    catalog = calibrate.cpu_catalog(cores=8, memory_gb=20, tflops=calibrate.measure_matmul_tflops(),
+                                    mem_gbs=mem_bw, link_gbs=bw)
     rows = []
     for i, (name, plan) in enumerate(plans()):
-        plan = es.Plan.from_dict({**plan.to_dict(), "cost_model": {
-            **COST, "link_latency_s": lat}})
+        plan = replace(plan, cost_model=cost)
         est = es.estimate(plan, catalog, profiles={"CPU": prof})
         # More processes than cores: each gets a share of one; the profile had a whole core.
         share = max(1.0, plan.num_gpus / (os.cpu_count() or 1))

@@ -73,3 +73,176 @@ def from_profile(catalog: Catalog, profile: Profile) -> tuple[Catalog, list[str]
     changes = [f"efficiency {g.efficiency} -> {eff:.4g} ({achieved / 1e12:.2f} of "
                f"{g.bf16_tflops:g} TFLOP/s in {model.name}'s blocks on {profile.device})"]
     return _with(catalog, replace(g, efficiency=float(f"{eff:.4g}"))), changes
+
+
+# ---------------------------------------------------------------------- this machine's CPU
+# A catalog in which each CPU core stands for one GPU, so that a plan can be rehearsed with
+# `espresso launch --local` (one gloo process per "GPU", one thread each) and its estimate
+# compared with the run. Needs the torch extra.
+
+CPU_NAME = "CPU"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pingpong(rank: int, port: int, sizes: list[int], out: str) -> None:
+    """One side of a gloo ping-pong (a torch.multiprocessing.spawn target)."""
+    import json
+    import os
+    import time
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    res = {}
+    for n in sizes:
+        t = torch.zeros(n // 4)
+        times = []
+        for i in range(40):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(t, 1)
+                dist.recv(t, 1)
+            else:
+                dist.recv(t, 0)
+                dist.send(t, 0)
+            if i >= 5:
+                times.append((time.perf_counter() - t0) / 2)
+        res[n] = min(times)  # the noise of a shared machine only adds
+    if rank == 0:
+        Path(out).write_text(json.dumps(res))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure_link() -> tuple[float, float]:
+    """(latency s, bandwidth GB/s) of one gloo message between two local processes: the
+    minimum of 35 ping-pongs at 4 KiB and at 32 MiB, a line through the two."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from ._optional import require
+
+    torch = require("torch")
+    small, big = 4 << 10, 32 << 20
+    with tempfile.TemporaryDirectory() as d:
+        out = str(Path(d) / "pingpong.json")
+        torch.multiprocessing.spawn(_pingpong, args=(_free_port(), [small, big], out),
+                                    nprocs=2)
+        res = {int(k): float(t) for k, t in json.loads(Path(out).read_text()).items()}
+    bw = (big - small) / max(res[big] - res[small], 1e-9) / 1e9
+    lat = max(1e-7, res[small] - small / (bw * 1e9))
+    return lat, bw
+
+
+def measure_optimizer_gbs(params: int = 4_000_000, cost: CostParams | None = None) -> float:
+    """The memory bandwidth (GB/s) at which the cost model's optimizer-step formula
+    (``optimizer_step_bytes_per_param`` at ``memory_bandwidth_efficiency``) gives the measured
+    time of one AdamW step over ``params`` fp32 parameters on one thread."""
+    import time
+
+    from ._optional import require
+
+    torch = require("torch")
+    cost = cost or CostParams()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        p = torch.nn.Parameter(torch.zeros(params))
+        p.grad = torch.ones(params)
+        opt = torch.optim.AdamW([p], lr=1e-3)
+        for _ in range(3):
+            opt.step()
+        t = float("inf")
+        for _ in range(15):  # the best step: a shared machine's noise only adds
+            t0 = time.perf_counter()
+            opt.step()
+            t = min(t, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return params * cost.optimizer_step_bytes_per_param / (
+        t * cost.memory_bandwidth_efficiency) / 1e9
+
+
+def measure_matmul_tflops(n: int = 512) -> float:
+    """fp32 TFLOP/s of an n x n matrix product on one thread (best of 10): the "peak" of a
+    CPU core in the catalog."""
+    import time
+
+    from ._optional import require
+
+    torch = require("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        for _ in range(2):
+            a @ b
+        best = float("inf")
+        for _ in range(10):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * n**3 / best / 1e12
+
+
+def cpu_cost_model(link_latency_s: float) -> CostParams:
+    """The cost model for fp32 training on CPU processes: 4-byte weights, gradients and
+    activations, the measured message latency, links at their measured (not nominal) rate,
+    and no memory reserved for a CUDA context."""
+    return CostParams(bytes_per_weight=4.0, bytes_per_grad=4.0, bytes_per_activation=4.0,
+                      link_efficiency=1.0, reserved_gb=0.0, link_latency_s=link_latency_s)
+
+
+def cpu_catalog(*, cores: int, memory_gb: float, tflops: float, mem_gbs: float,
+                link_gbs: float) -> Catalog:
+    """A one-type catalog: ``cores`` "GPUs" of type ``CPU`` on one node, each with its share
+    of the memory, priced at 1 per core-hour."""
+    return Catalog(gpus=(GpuType(
+        name=CPU_NAME, memory_gb=memory_gb, bf16_tflops=tflops, mem_bandwidth_gbs=mem_gbs,
+        price_per_hour=1.0, count=cores, gpus_per_node=cores, intra_node_gbs=link_gbs,
+        inter_node_gbs=link_gbs, efficiency=1.0),))
+
+
+def _memory_bytes() -> float:
+    import os
+
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux
+        return 8e9
+
+
+def measure_cpu(cores: int | None = None) -> tuple[Catalog, CostParams, dict[str, float]]:
+    """Measure this machine (gloo link, AdamW step, one-thread matmul) and return the CPU
+    catalog, its cost model and the measurements."""
+    import os
+
+    n = (os.cpu_count() or 1) if cores is None else cores
+    if not 1 <= n <= 4096:
+        msg = f"calibrate: --cores {n} is out of range; expected 1 to 4096"
+        raise CatalogError(msg)
+    lat, link = measure_link()
+    cost = cpu_cost_model(lat)
+    mem = measure_optimizer_gbs(cost=cost)
+    tflops = measure_matmul_tflops()
+    memory_gb = round(_memory_bytes() / 1e9 / n, 2)
+    found = {"link_latency_s": lat, "link_gbs": link, "mem_gbs": mem, "tflops": tflops,
+             "memory_gb": memory_gb, "cores": float(n)}
+    cat = cpu_catalog(cores=n, memory_gb=memory_gb, tflops=round(tflops, 4),
+                      mem_gbs=round(mem, 2), link_gbs=round(link, 3))
+    return cat, cost, found

@@ -25,7 +25,7 @@ from ._optional import require
 from ._validate import load_yaml
 from .catalog import Catalog
 from .cost import CostParams
-from .errors import CatalogError, EspressoError, JobError, ProfileError
+from .errors import CatalogError, EspressoError, JobError, ProfileError, SpecError
 from .estimate import Estimate, estimate
 from .job import Job
 from .launch import LaunchError, check_runnable, load_hosts, torchrun_commands
@@ -173,12 +173,30 @@ def _profiles(items: list[str] | None) -> dict[str, Profile] | None:
     return out
 
 
+def _cost_model(path: str | None) -> CostParams | None:
+    """``--cost-model FILE``: CostParams from YAML/JSON (a mapping, or one under
+    ``cost_model:``)."""
+    if path is None:
+        return None
+    data = load_yaml("--cost-model", path, err=SpecError)
+    if isinstance(data, dict) and set(data) == {"cost_model"}:
+        data = data["cost_model"]
+    if not isinstance(data, dict):
+        msg = (f"--cost-model: {path!r} is not a mapping of cost-model constants "
+               "(e.g. `bytes_per_weight: 4.0`); see docs/cost-model.md")
+        raise SpecError(msg)
+    return CostParams.from_dict(data)
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     catalog = _catalog(args.catalog)
     plan = Plan.from_json(args.plan)
     profiles = _profiles(args.profile)
     if profiles is not None:
         plan = replace(plan, profiles=profiles)
+    cost = _cost_model(args.cost_model)
+    if cost is not None:
+        plan = replace(plan, cost_model=cost)
     est = estimate(plan, catalog)
     if args.json:
         text = replace(plan, estimate=est).to_json()
@@ -321,7 +339,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     console = _console()
     kwargs: dict[str, Any] = dict(threads=args.threads, time_limit_s=args.time_limit,
                                   max_stages=args.max_stages, max_tp=args.max_tp,
-                                  profiles=_profiles(args.profile))
+                                  profiles=_profiles(args.profile),
+                                  cost_model=_cost_model(args.cost_model))
     objective = "time" if args.budget is not None else "cost"
     try:
         best = _run_with_progress(
@@ -360,6 +379,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     torch = require("torch")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
              None: None}[args.dtype]
+    if args.threads is not None:
+        if not 1 <= args.threads <= 4096:
+            msg = f"profile: --threads {args.threads} is out of range; expected 1 to 4096"
+            raise EspressoError(msg)
+        torch.set_num_threads(args.threads)
+    cost = _cost_model(args.cost_model) or CostParams()
     console = _console(stderr=True)
     with console.status(f"Profiling {model.name} on {args.device or 'the default device'}") as st:
         prof = profile_model(model, gpu=gpu.name, micro_batch_size=args.micro_batch,
@@ -367,11 +392,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
                              warmup=args.warmup, repeats=args.repeats,
                              progress=lambda m: st.update(f"Profiling {model.name}: {m}"))
     prof.to_json(args.out)
-    factors = prof.factors(model, gpu, CostParams())
+    factors = prof.factors(model, gpu, cost)
     out = _console()
     out.print(f"[bold]{escape(model.name)}[/]: one block and the head, micro-batch "
-              f"{prof.micro_batch_size} x seq {prof.seq_len}, {prof.dtype} on {prof.device}, "
-              f"median of {prof.repeats}")
+              f"{prof.micro_batch_size} x seq {prof.seq_len}, {prof.dtype} on {prof.device} "
+              f"({prof.meta.get('threads', '?')} threads), median of {prof.repeats}")
     table = Table("part", "measured", f"analytic ({gpu.name})", "measured / analytic")
     for part, key, analytic_key in (
             ("block forward", "block_fwd_s", "block_fwd_scale"),
@@ -447,10 +472,15 @@ def _write_json(path: str, data: Any) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from . import calibrate
 
-    catalog = _catalog(args.catalog)
-    if bool(args.bench) == bool(args.profile):
-        msg = "calibrate: give exactly one of --bench FILE or --profile FILE"
+    if sum(map(bool, (args.bench, args.profile, args.cpu))) != 1:
+        msg = "calibrate: give exactly one of --bench FILE, --profile FILE or --cpu"
         raise EspressoError(msg)
+    if args.cpu:
+        return _calibrate_cpu(args)
+    if args.cost_out or args.cores is not None:
+        msg = "calibrate: --cost-out and --cores go with --cpu"
+        raise EspressoError(msg)
+    catalog = _catalog(args.catalog)
     if args.bench:
         data = load_yaml("--bench", args.bench, err=CatalogError)
         if not isinstance(data, dict) or "results" not in data:
@@ -472,6 +502,39 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _calibrate_cpu(args: argparse.Namespace) -> int:
+    from . import calibrate
+
+    if args.catalog or args.gpu:
+        msg = "calibrate --cpu measures this machine and writes a new catalog; drop --catalog/--gpu"
+        raise EspressoError(msg)
+    require("torch")
+    cost_out = args.cost_out or str(Path(args.out).with_name(Path(args.out).stem + "-cost.yaml"))
+    with _console(stderr=True).status("Measuring this machine's CPU (gloo link, AdamW, matmul)"):
+        catalog, cost, found = calibrate.measure_cpu(args.cores)
+    g = catalog[calibrate.CPU_NAME]
+    Path(args.out).write_text(
+        "# Written by `espresso calibrate --cpu`: each core of this machine as one GPU of type "
+        "CPU,\n# for rehearsing plans with `espresso launch --local` (one process per core).\n"
+        + yaml.safe_dump(catalog.to_dict(), sort_keys=False))
+    Path(cost_out).write_text(
+        "# Written by `espresso calibrate --cpu`: fp32 training in gloo processes.\n"
+        + yaml.safe_dump(cost.to_dict(only_changed=True), sort_keys=False))
+    console = _console()
+    console.print(f"  {g.count} cores as GPU type {g.name}, {g.memory_gb:g} GB each, price 1 "
+                  "per core-hour")
+    console.print(f"  matmul (fp32, 1 thread): {found['tflops'] * 1e3:.1f} GFLOP/s")
+    console.print(f"  gloo link: {found['link_latency_s'] * 1e6:.0f} us latency, "
+                  f"{found['link_gbs']:.2f} GB/s")
+    console.print(f"  AdamW step as {found['mem_gbs']:.1f} GB/s of memory bandwidth")
+    console.print(f"Wrote the catalog to {args.out} and the cost model to {cost_out}. Next:\n"
+                  f"  espresso profile --model MODEL --gpu CPU --catalog {args.out} --threads 1 "
+                  "--seq-len S --out cpu-prof.json\n"
+                  f"  espresso plan --model MODEL --catalog {args.out} --cost-model {cost_out} "
+                  "--profile CPU=cpu-prof.json --seq-len S ... --json plan.json")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------- launch
 def cmd_launch(args: argparse.Namespace) -> int:
     plan = Plan.from_json(args.plan)
@@ -482,7 +545,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={plan.num_gpus}", args.script, *shlex.split(args.script_args)]
         env = {**os.environ, "ESPRESSO_PLAN": str(args.plan), "CUDA_VISIBLE_DEVICES": ""}
-        print("running: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+        # Each process stands for one GPU: one thread each (as a profile with --threads 1),
+        # unless the caller says otherwise.
+        env.setdefault("OMP_NUM_THREADS", "1")
+        print(f"running (OMP_NUM_THREADS={env['OMP_NUM_THREADS']}): "
+              + " ".join(shlex.quote(c) for c in cmd), flush=True)
         return subprocess.call(cmd, env=env)
     if not args.hosts:
         msg = "launch: give --hosts FILE (or --local to rehearse on this machine)"
@@ -504,6 +571,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------- main
+def _add_cost_model_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--cost-model", metavar="FILE",
+                   help=f"cost-model constants (YAML/JSON, docs/cost-model.md) {what}")
+
+
 def _add_profile_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="append", metavar="GPU=FILE",
                    help="measured profile (espresso profile) replacing the analytic block "
@@ -540,6 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="OUT",
                    help="write the plan with its estimate as JSON to OUT ('-': stdout only)")
     _add_profile_arg(p)
+    _add_cost_model_arg(p, "replacing the plan's cost_model")
     p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser(
@@ -571,6 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-compare", dest="compare", action="store_false",
                    help="skip the comparison with single-type plans")
     _add_profile_arg(p)
+    _add_cost_model_arg(p, "instead of the defaults")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser(
@@ -591,6 +665,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default bf16 on a GPU, fp32 on the CPU")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first (3)")
     p.add_argument("--repeats", type=int, default=10, help="timed runs (10)")
+    p.add_argument("--threads", type=int,
+                   help="CPU threads for torch (default: torch's; 1 to match one process per "
+                        "core under `launch --local`)")
+    _add_cost_model_arg(p, "for the analytic column (default: the defaults)")
     p.add_argument("--catalog", metavar="FILE", help="catalog YAML/JSON (default: built-in)")
     p.set_defaults(func=cmd_profile)
 
@@ -611,10 +689,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "calibrate",
-        help="write measured rates (bench-gpu or a profile) into a catalog file",
+        help="write measured rates (bench-gpu, a profile, or this CPU) into a catalog file",
         description="Set a GPU type's efficiency (and, from bench-gpu, memory bandwidth) from "
-        "measurements, and write the catalog to --out for later plans (--catalog OUT).",
+        "measurements, and write the catalog to --out for later plans (--catalog OUT). With "
+        "--cpu: measure this machine and write a catalog in which each core is one GPU of "
+        "type CPU, and a cost model for fp32 gloo processes (--cost-out), to rehearse and "
+        "check plans with `espresso launch --local`.",
     )
+    p.add_argument("--cpu", action="store_true",
+                   help="measure this machine's CPU cores, gloo link and optimizer step")
+    p.add_argument("--cores", type=int, help="with --cpu: GPUs in the catalog (default: cores)")
+    p.add_argument("--cost-out", metavar="FILE",
+                   help="with --cpu: cost model YAML to write (default: OUT's stem + -cost.yaml)")
     p.add_argument("--catalog", metavar="FILE", help="catalog to start from (default: built-in)")
     p.add_argument("--bench", metavar="FILE", help="`espresso bench-gpu --json` output")
     p.add_argument("--profile", metavar="FILE", help="`espresso profile` output")

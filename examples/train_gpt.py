@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 import torch
@@ -99,6 +100,8 @@ def main() -> None:
     ap.add_argument("--plan", default=os.environ.get("ESPRESSO_PLAN"))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="steps left out of the median step time at the end (3)")
     ap.add_argument("--reference", action="store_true",
                     help="train the same model in this one process, without the plan, to "
                          "compare losses with a pipelined run")
@@ -139,6 +142,7 @@ def main() -> None:
     per_replica = plan.micro_batch_size * plan.num_microbatches
     dev = next(rt.module.parameters()).device
     r = rt.info.replica
+    times = []
     for step in range(args.steps):
         x = batch(gen, gbs, seq, vocab)[r * per_replica:(r + 1) * per_replica].to(dev)
         t0 = time.perf_counter()
@@ -146,12 +150,20 @@ def main() -> None:
         losses = rt.step(x, (x + 1) % vocab)
         opt.step()
         dt = time.perf_counter() - t0
+        times.append(dt)
         if losses is not None:  # last stage, TP rank 0: the mean over all replicas
             loss = torch.stack(losses).mean()
             torch.distributed.all_reduce(loss, group=rt.dp_group)
             if r == 0:
                 print(f"step {step}: loss {loss.item() / plan.dp:.4f}, {dt * 1e3:.0f} ms",
                       flush=True)
+    timed = times[args.warmup:]
+    if losses is not None and r == 0 and timed:
+        est = plan.estimate
+        vs = ("" if est is None else f"; the plan's estimate: {est.iteration_s:.3f} s "
+              f"({(est.iteration_s - statistics.median(timed)) / statistics.median(timed):+.1%})")
+        print(f"median step time {statistics.median(timed):.3f} s over steps "
+              f"{args.warmup}-{args.steps - 1}{vs}", flush=True)
     et.shutdown()
 
 
