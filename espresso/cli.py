@@ -36,6 +36,7 @@ from .search import InfeasibleError, search
 from .search import plan as plan_search
 from .units import format_count as _count
 from .units import format_hours as _hours
+from .units import format_seconds as _sec
 
 EXIT_OK = 0
 EXIT_INFEASIBLE = 1
@@ -129,13 +130,13 @@ def print_estimate(plan: Plan, est: Estimate, console: Console) -> None:
         mark = " *" if s.index == est.bottleneck_stage else ""
         table.add_row(
             f"{s.index}{mark}", escape(s.gpu), str(s.tp), f"[{s.layers[0]}, {s.layers[1]})",
-            f"{s.fwd_s + s.bwd_s:.3f} s", f"{s.time_s:.2f} s", f"{s.memory_gb:.1f} GB",
+            _sec(s.fwd_s + s.bwd_s), _sec(s.time_s), f"{s.memory_gb:.1f} GB",
             f"{s.capacity_gb:.1f} GB", head, str(s.in_flight),
         )
     console.print(table)
     console.print(
-        f"Iteration {est.iteration_s:.3f} s = pipeline {est.pipeline_s:.3f} + dp all-reduce "
-        f"{est.dp_allreduce_s:.3f} + optimizer {est.optimizer_step_s:.3f}; bubble "
+        f"Iteration {_sec(est.iteration_s)} = pipeline {_sec(est.pipeline_s)} + dp all-reduce "
+        f"{_sec(est.dp_allreduce_s)} + optimizer {_sec(est.optimizer_step_s)}; bubble "
         f"{est.bubble_fraction:.1%}; bottleneck stage {est.bottleneck_stage} (*); "
         f"MFU {est.mfu:.1%}; {est.tokens_per_s:,.0f} tokens/s"
     )
@@ -283,12 +284,12 @@ def print_plan(plan: Plan, console: Console, single: Plan | None) -> None:
         table.add_row(f"{st.index}{mark}", escape(st.gpu), str(st.tp),
                       f"[{st.layers[0]}, {st.layers[1]})",
                       f"{st.memory_gb:.1f} / {st.capacity_gb:.1f} GB",
-                      f"{st.fwd_s + st.bwd_s:.3f} s", f"{st.time_s:.2f} s")
+                      _sec(st.fwd_s + st.bwd_s), _sec(st.time_s))
     console.print(table)
     console.print(
-        f"Iteration {est.iteration_s:.3f} s (pipeline {est.pipeline_s:.3f}, bubble "
-        f"{est.bubble_fraction:.1%}; dp all-reduce {est.dp_allreduce_s:.3f}; optimizer "
-        f"{est.optimizer_step_s:.3f}); MFU {est.mfu:.1%}"
+        f"Iteration {_sec(est.iteration_s)} (pipeline {_sec(est.pipeline_s)}, bubble "
+        f"{est.bubble_fraction:.1%}; dp all-reduce {_sec(est.dp_allreduce_s)}; optimizer "
+        f"{_sec(est.optimizer_step_s)}); MFU {est.mfu:.1%}"
     )
     console.print(f"Total: {_hours(est.total_hours)}, [bold]${est.total_usd:,.2f}[/] "
                   f"(deadline {_hours(job.deadline_hours)}: met)")

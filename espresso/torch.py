@@ -26,7 +26,9 @@ shards over the data-parallel group of the same TP index, after the schedule.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -225,29 +227,42 @@ class _TPLeader(nn.Module):  # type: ignore[misc, name-defined]
         return out
 
 
-def _leader_stage_class() -> Any:
-    """PipelineStage that tells the followers when a forward or backward is PyTorch's
-    shape inference (it accumulates no parameter gradients there)."""
+def _stage_class() -> Any:
+    """PipelineStage whose shape inference (an extra forward and backward on the first step)
+    is invisible to DDP and marked for TP followers.
+
+    DDP: the inference forward would otherwise run the DDP module with gradient sync on, so
+    its reducer records every parameter's readiness in the inference backward and again in the
+    step's last real backward, and asserts at the next step when no forward fell in between
+    (1F1B or GPipe with as many micro-batches as stages). TP: the followers are told a pass is
+    inference (it accumulates no parameter gradients there)."""
     base = _pipelining().PipelineStage
 
-    class _LeaderStage(base):  # type: ignore[misc, valid-type]
-        bridge: _TPBridge
+    class _Stage(base):  # type: ignore[misc, valid-type]
+        bridge: _TPBridge | None = None
+
+        @contextlib.contextmanager
+        def _inference(self) -> Any:
+            if self.bridge is not None:
+                self.bridge.inference = True
+            ddp = isinstance(self.submod, nn.parallel.DistributedDataParallel)
+            sync = self.submod.no_sync() if ddp else contextlib.nullcontext()
+            try:
+                with sync:
+                    yield
+            finally:
+                if self.bridge is not None:
+                    self.bridge.inference = False
 
         def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
-            self.bridge.inference = True
-            try:
+            with self._inference():
                 return super()._forward_metadata_inference(*args, **kwargs)
-            finally:
-                self.bridge.inference = False
 
         def _backward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
-            self.bridge.inference = True
-            try:
+            with self._inference():
                 return super()._backward_metadata_inference(*args, **kwargs)
-            finally:
-                self.bridge.inference = False
 
-    return _LeaderStage
+    return _Stage
 
 
 def _follow(module: _nn.Module, bridge: _TPBridge) -> int:
@@ -471,12 +486,19 @@ def setup(plan: Plan, *, embedding: _nn.Module,
             module, process_group=dp_group, device_ids=[device] if device.type == "cuda" else None)
     pp = _pipelining()
     pp_group = pp_groups[info.replica]
-    if bridge is not None:
-        stage = _leader_stage_class()(module, info.stage, plan.num_stages, device, group=pp_group)
-        stage.bridge = bridge
-    else:
-        stage = pp.PipelineStage(module, info.stage, plan.num_stages, device, group=pp_group)
+    stage = _stage_class()(module, info.stage, plan.num_stages, device, group=pp_group)
+    stage.bridge = bridge
     kind = pp.ScheduleGPipe if plan.schedule == "gpipe" else pp.Schedule1F1B
+    if kind is pp.Schedule1F1B and plan.num_microbatches < plan.num_stages:
+        # PyTorch's 1F1B refuses M < stages. There, 1F1B's order on each stage is all M
+        # forwards, then the backwards, except on the last stages, which hold fewer
+        # micro-batches in flight: GPipe runs the same makespan and keeps up to M of them.
+        warnings.warn(f"plan has {plan.num_microbatches} micro-batches for "
+                      f"{plan.num_stages} stages: running it with GPipe (PyTorch's 1F1B needs "
+                      "one per stage); the last stages hold up to "
+                      f"{plan.num_microbatches} micro-batches' activations, not "
+                      "min(M, stages after them)", stacklevel=2)
+        kind = pp.ScheduleGPipe
     schedule = kind(stage, n_microbatches=plan.num_microbatches, loss_fn=loss_fn)
     return StageRuntime(info=info, module=module, stage=stage, schedule=schedule, mesh=mesh,
                         dp_group=dp_group, pp_group=pp_group, tp_group=tp_group,

@@ -82,6 +82,20 @@ def format_hours(hours: float) -> str:
     return f"{hours * 3600:,.3g} s"
 
 
+def format_seconds(s: float) -> str:
+    """A step-sized duration: ``0.771 s``, ``12.30 ms``, ``85.2 us`` (never a bare 0.000 s for
+    a small model's sub-millisecond times)."""
+    if s >= 100:
+        return f"{s:,.0f} s"
+    if s == 0:
+        return "0 s"
+    if s >= 0.1:
+        return f"{s:.3f} s"
+    if s >= 1e-4:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
 def format_count(n: float) -> str:
     """A large count with a unit prefix: 6.74B, 350.0M, 12.3K."""
     for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):

@@ -159,10 +159,16 @@ def main() -> None:
                       flush=True)
     timed = times[args.warmup:]
     if losses is not None and r == 0 and timed:
-        est = plan.estimate
-        vs = ("" if est is None else f"; the plan's estimate: {est.iteration_s:.3f} s "
-              f"({(est.iteration_s - statistics.median(timed)) / statistics.median(timed):+.1%})")
-        print(f"median step time {statistics.median(timed):.3f} s over steps "
+        est, med = plan.estimate, statistics.median(timed)
+        gpus = ", ".join(sorted({st.gpu for st in plan.stages}))
+        if est is None:
+            vs = ""
+        elif dev.type == "cpu" and gpus != "CPU":  # a rehearsal of a GPU plan
+            vs = f" (the plan's estimate, {est.iteration_s:.4g} s, is for {gpus})"
+        else:
+            vs = (f"; the plan's estimate: {est.iteration_s:.3f} s "
+                  f"({(est.iteration_s - med) / med:+.1%})")
+        print(f"median step time {med:.3f} s over steps "
               f"{args.warmup}-{args.steps - 1}{vs}", flush=True)
     et.shutdown()
 

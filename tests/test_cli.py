@@ -9,6 +9,7 @@ import pytest
 
 import espresso as es
 from espresso.cli import main
+from espresso.units import format_seconds
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "plans" / "llama2-7b-a100-l40s.json"
 
@@ -45,7 +46,7 @@ def test_estimate_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> Non
     out = capsys.readouterr().out
     est = es.estimate(es.Plan.from_json(EXAMPLE))
     assert f"${est.total_usd:,.2f}" in out
-    assert f"Iteration {est.iteration_s:.3f} s" in out
+    assert f"Iteration {format_seconds(est.iteration_s)} = pipeline" in out
     assert f"{est.stages[1].memory_gb:.1f} GB" in out
     assert "Feasible: yes" in out
 

@@ -93,11 +93,22 @@ def worker(rank: int, plan_json: str, port: int) -> None:
     mine = ([emb] if rt.is_first else []) + blocks[a:b] + ([head] if rt.is_last else [])
     theirs = (([ref_emb] if rt.is_first else []) + ref_blocks[a:b]
               + ([ref_head] if rt.is_last else []))
-    for m_mine, m_ref in zip(mine, theirs, strict=True):
-        for (n, p), (_, q) in zip(m_mine.named_parameters(), m_ref.named_parameters(), strict=True):
-            assert p.grad is not None, n
-            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            assert torch.allclose(g, q.grad, atol=1e-5, rtol=1e-4), (rank, n)
+
+    def check_grads(step: int) -> None:
+        for m_mine, m_ref in zip(mine, theirs, strict=True):
+            for (n, p), (_, q) in zip(m_mine.named_parameters(), m_ref.named_parameters(),
+                                      strict=True):
+                assert p.grad is not None, n
+                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                assert torch.allclose(g, q.grad, atol=1e-5, rtol=1e-4), (rank, step, n)
+
+    check_grads(0)
+    # A second step from zeroed gradients (DDP rebuilds its buckets here; with as many
+    # micro-batches as stages it once asserted) gives the same gradients again.
+    for p in rt.module.parameters():
+        p.grad = None
+    rt.step(xs, ys)
+    check_grads(1)
     et.shutdown()
 
 
@@ -116,8 +127,9 @@ def free_port() -> int:
         ([(0, 1), (1, 4)], 1, 4, "1f1b", (2, 1)),  # tp 2 feeding tp 1
         ([(0, 3), (3, 4)], 2, 2, "gpipe", (1, 2)),  # tp 1 feeding tp 2, dp 2
         ([(0, 4)], 1, 2, "1f1b", (2,)),  # one stage of tp 2
+        ([(0, 1), (1, 2), (2, 4)], 1, 2, "1f1b", None),  # 1F1B, fewer micro-batches than stages
     ],
-    ids=["uneven-1f1b", "pp2xdp2", "gpipe", "tp2-tp1", "tp1-tp2-dp2", "tp2-alone"],
+    ids=["uneven-1f1b", "pp2xdp2", "gpipe", "tp2-tp1", "tp1-tp2-dp2", "tp2-alone", "m-below-pp"],
 )
 def test_pipeline_matches_single_process(stages: list[tuple[int, int]], dp: int, m: int,
                                          schedule: str, tp: tuple[int, ...] | None) -> None:

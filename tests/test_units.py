@@ -44,3 +44,13 @@ def test_format_count() -> None:
     assert format_count(1.92e8) == "192.0M"
     assert format_count(999) == "999"
     assert format_count(2.5e12) == "2.50T"
+
+
+@pytest.mark.parametrize(("s", "text"), [
+    (0.771, "0.771 s"), (12.345, "12.345 s"), (1234.0, "1,234 s"), (0.0123, "12.30 ms"),
+    (2.0e-4, "0.20 ms"), (8.52e-5, "85.2 us"), (0.0, "0 s"),
+])
+def test_format_seconds(s: float, text: str) -> None:
+    from espresso.units import format_seconds
+
+    assert format_seconds(s) == text
