@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -34,19 +33,16 @@ ROOT = Path(__file__).parents[1]
 MODEL = es.ModelSpec(name="cpu-gpt", num_layers=8, hidden_size=512, num_heads=8,
                      ffn_hidden_size=2048, vocab_size=4096, gated_mlp=False, norm="layernorm")
 SEQ, MB = 128, 1
-# fp32 on the CPU: 4 bytes per weight, gradient and activation message (the latency is
-# measured below).
-COST = calibrate.cpu_cost_model(1e-5)
 
 
-def plans() -> list[tuple[str, es.Plan]]:
+def plans(cost: es.CostParams) -> list[tuple[str, es.Plan]]:
     job = es.Job(model=MODEL, seq_len=SEQ, global_batch_size=8, iterations=1000,
                  deadline_hours=1e6)
 
     def mk(stages: list[tuple[int, int]], dp: int, schedule: str) -> es.Plan:
         return es.Plan(job=job, stages=tuple(es.Stage(gpu="CPU", layers=s) for s in stages),
                        dp=dp, micro_batch_size=MB, num_microbatches=8 // (dp * MB),
-                       schedule=schedule, cost_model=COST)
+                       schedule=schedule, cost_model=cost)
 
     return [
         ("pp 2, uneven [0,3)+[3,8), 1F1B, M 8", mk([(0, 3), (3, 8)], 1, "1f1b")),
@@ -76,7 +72,7 @@ def main() -> None:
     ap.add_argument("--json", metavar="OUT", help="write the results as JSON")
     args = ap.parse_args()
     lat, bw = calibrate.measure_link()
-    cost = calibrate.cpu_cost_model(lat)
+    cost = calibrate.cpu_cost_model(lat)  # fp32: 4-byte weights, gradients, activations
     mem_bw = calibrate.measure_optimizer_gbs(MODEL.num_params // 2, cost)
     torch.set_num_threads(1)
     prof = profile_model(MODEL, gpu="CPU", seq_len=SEQ, micro_batch_size=MB, warmup=3,
@@ -89,8 +85,7 @@ def main() -> None:
     catalog = calibrate.cpu_catalog(cores=8, memory_gb=20, tflops=calibrate.measure_matmul_tflops(),
                                     mem_gbs=mem_bw, link_gbs=bw)
     rows = []
-    for i, (name, plan) in enumerate(plans()):
-        plan = replace(plan, cost_model=cost)
+    for i, (name, plan) in enumerate(plans(cost)):
         est = es.estimate(plan, catalog, profiles={"CPU": prof})
         # More processes than cores: each gets a share of one; the profile had a whole core.
         share = max(1.0, plan.num_gpus / (os.cpu_count() or 1))

@@ -12,15 +12,23 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from ._native import core
+from ._optional import require
 from .catalog import Catalog, GpuType
 from .cost import CostParams
 from .errors import CatalogError
 from .model import ModelSpec
-from .profile import Profile
+from .profile import Profile, _timer
 
 
 def _with(catalog: Catalog, gpu: GpuType) -> Catalog:
@@ -84,8 +92,6 @@ CPU_NAME = "CPU"
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -93,14 +99,8 @@ def _free_port() -> int:
 
 def _pingpong(rank: int, port: int, sizes: list[int], out: str) -> None:
     """One side of a gloo ping-pong (a torch.multiprocessing.spawn target)."""
-    import json
-    import os
-    import time
-    from pathlib import Path
-
-    import torch
-    import torch.distributed as dist
-
+    torch = require("torch")
+    dist = torch.distributed
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -129,12 +129,6 @@ def _pingpong(rank: int, port: int, sizes: list[int], out: str) -> None:
 def measure_link() -> tuple[float, float]:
     """(latency s, bandwidth GB/s) of one gloo message between two local processes: the
     minimum of 35 ping-pongs at 4 KiB and at 32 MiB, a line through the two."""
-    import json
-    import tempfile
-    from pathlib import Path
-
-    from ._optional import require
-
     torch = require("torch")
     small, big = 4 << 10, 32 << 20
     with tempfile.TemporaryDirectory() as d:
@@ -147,31 +141,30 @@ def measure_link() -> tuple[float, float]:
     return lat, bw
 
 
+def _best_seconds(fn: Callable[[], Any], *, warmup: int, repeats: int) -> float:
+    """The fastest of ``repeats`` runs of ``fn`` on one torch thread, after ``warmup`` (the
+    noise of a shared machine only adds)."""
+    torch = require("torch")
+    timer = _timer(torch, torch.device("cpu"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(warmup):
+            fn()
+        return min(timer(fn) for _ in range(repeats))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def measure_optimizer_gbs(params: int = 4_000_000, cost: CostParams | None = None) -> float:
     """The memory bandwidth (GB/s) at which the cost model's optimizer-step formula
     (``optimizer_step_bytes_per_param`` at ``memory_bandwidth_efficiency``) gives the measured
     time of one AdamW step over ``params`` fp32 parameters on one thread."""
-    import time
-
-    from ._optional import require
-
     torch = require("torch")
     cost = cost or CostParams()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        p = torch.nn.Parameter(torch.zeros(params))
-        p.grad = torch.ones(params)
-        opt = torch.optim.AdamW([p], lr=1e-3)
-        for _ in range(3):
-            opt.step()
-        t = float("inf")
-        for _ in range(15):  # the best step: a shared machine's noise only adds
-            t0 = time.perf_counter()
-            opt.step()
-            t = min(t, time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
+    p = torch.nn.Parameter(torch.zeros(params))
+    p.grad = torch.ones(params)
+    t = _best_seconds(torch.optim.AdamW([p], lr=1e-3).step, warmup=3, repeats=15)
     return params * cost.optimizer_step_bytes_per_param / (
         t * cost.memory_bandwidth_efficiency) / 1e9
 
@@ -179,25 +172,9 @@ def measure_optimizer_gbs(params: int = 4_000_000, cost: CostParams | None = Non
 def measure_matmul_tflops(n: int = 512) -> float:
     """fp32 TFLOP/s of an n x n matrix product on one thread (best of 10): the "peak" of a
     CPU core in the catalog."""
-    import time
-
-    from ._optional import require
-
     torch = require("torch")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        for _ in range(2):
-            a @ b
-        best = float("inf")
-        for _ in range(10):
-            t0 = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
-    return 2 * n**3 / best / 1e12
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3 / _best_seconds(lambda: a @ b, warmup=2, repeats=10) / 1e12
 
 
 def cpu_cost_model(link_latency_s: float) -> CostParams:
@@ -219,30 +196,23 @@ def cpu_catalog(*, cores: int, memory_gb: float, tflops: float, mem_gbs: float,
 
 
 def _memory_bytes() -> float:
-    import os
-
     try:
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux
         return 8e9
 
 
-def measure_cpu(cores: int | None = None) -> tuple[Catalog, CostParams, dict[str, float]]:
+def measure_cpu(cores: int | None = None) -> tuple[Catalog, CostParams]:
     """Measure this machine (gloo link, AdamW step, one-thread matmul) and return the CPU
-    catalog, its cost model and the measurements."""
-    import os
-
+    catalog and its cost model."""
     n = (os.cpu_count() or 1) if cores is None else cores
     if not 1 <= n <= 4096:
         msg = f"calibrate: --cores {n} is out of range; expected 1 to 4096"
         raise CatalogError(msg)
     lat, link = measure_link()
     cost = cpu_cost_model(lat)
-    mem = measure_optimizer_gbs(cost=cost)
-    tflops = measure_matmul_tflops()
-    memory_gb = round(_memory_bytes() / 1e9 / n, 2)
-    found = {"link_latency_s": lat, "link_gbs": link, "mem_gbs": mem, "tflops": tflops,
-             "memory_gb": memory_gb, "cores": float(n)}
-    cat = cpu_catalog(cores=n, memory_gb=memory_gb, tflops=round(tflops, 4),
-                      mem_gbs=round(mem, 2), link_gbs=round(link, 3))
-    return cat, cost, found
+    cat = cpu_catalog(cores=n, memory_gb=round(_memory_bytes() / 1e9 / n, 2),
+                      tflops=round(measure_matmul_tflops(), 4),
+                      mem_gbs=round(measure_optimizer_gbs(cost=cost), 2),
+                      link_gbs=round(link, 3))
+    return cat, cost

@@ -512,7 +512,7 @@ def _calibrate_cpu(args: argparse.Namespace) -> int:
     require("torch")
     cost_out = args.cost_out or str(Path(args.out).with_name(Path(args.out).stem + "-cost.yaml"))
     with _console(stderr=True).status("Measuring this machine's CPU (gloo link, AdamW, matmul)"):
-        catalog, cost, found = calibrate.measure_cpu(args.cores)
+        catalog, cost = calibrate.measure_cpu(args.cores)
     g = catalog[calibrate.CPU_NAME]
     Path(args.out).write_text(
         "# Written by `espresso calibrate --cpu`: each core of this machine as one GPU of type "
@@ -524,10 +524,10 @@ def _calibrate_cpu(args: argparse.Namespace) -> int:
     console = _console()
     console.print(f"  {g.count} cores as GPU type {g.name}, {g.memory_gb:g} GB each, price 1 "
                   "per core-hour")
-    console.print(f"  matmul (fp32, 1 thread): {found['tflops'] * 1e3:.1f} GFLOP/s")
-    console.print(f"  gloo link: {found['link_latency_s'] * 1e6:.0f} us latency, "
-                  f"{found['link_gbs']:.2f} GB/s")
-    console.print(f"  AdamW step as {found['mem_gbs']:.1f} GB/s of memory bandwidth")
+    console.print(f"  matmul (fp32, 1 thread): {g.bf16_tflops * 1e3:.1f} GFLOP/s")
+    console.print(f"  gloo link: {cost.link_latency_s * 1e6:.0f} us latency, "
+                  f"{g.intra_node_gbs:.2f} GB/s")
+    console.print(f"  AdamW step as {g.mem_bandwidth_gbs:.1f} GB/s of memory bandwidth")
     console.print(f"Wrote the catalog to {args.out} and the cost model to {cost_out}. Next:\n"
                   f"  espresso profile --model MODEL --gpu CPU --catalog {args.out} --threads 1 "
                   "--seq-len S --out cpu-prof.json\n"
