@@ -175,6 +175,8 @@ class PlaceOptions:
     node_limit: int
     memo_limit: int
     ratio_order: bool
+    time_limit_s: float
+    table_limit: int
     def __init__(self) -> None: ...
 
 class Placement:
@@ -183,8 +185,23 @@ class Placement:
     iteration_s: float
     lower_bound_s: float
     exhaustive: bool
+    timed_out: bool
     nodes: int
     leaves: int
+
+class SearchMonitor:
+    @property
+    def best(self) -> float: ...
+    @property
+    def lower_bound(self) -> float: ...
+    @property
+    def nodes_expanded(self) -> int: ...
+    @property
+    def leaves_placed(self) -> int: ...
+    @property
+    def cancelled(self) -> bool: ...
+    def cancel(self) -> None: ...
+    def __init__(self) -> None: ...
 
 class Objective(Enum):
     COST = 0
@@ -201,6 +218,8 @@ class SearchOptions:
     budget_usd: float
     enforce_deadline: bool
     time_limit_s: float
+    max_gpu_types: int
+    monitor: SearchMonitor | None
     threads: int
     top_k: int
     max_frontier: int

@@ -18,7 +18,9 @@ void register_search(py::module_& m) {
         .def_readwrite("cutoff_s", &PlaceOptions::cutoff_s)
         .def_readwrite("node_limit", &PlaceOptions::node_limit)
         .def_readwrite("memo_limit", &PlaceOptions::memo_limit)
-        .def_readwrite("ratio_order", &PlaceOptions::ratio_order);
+        .def_readwrite("ratio_order", &PlaceOptions::ratio_order)
+        .def_readwrite("time_limit_s", &PlaceOptions::time_limit_s)
+        .def_readwrite("table_limit", &PlaceOptions::table_limit);
 
     py::class_<Placement>(m, "Placement")
         .def_readonly("found", &Placement::found)
@@ -26,8 +28,21 @@ void register_search(py::module_& m) {
         .def_readonly("iteration_s", &Placement::iteration_s)
         .def_readonly("lower_bound_s", &Placement::lower_bound_s)
         .def_readonly("exhaustive", &Placement::exhaustive)
+        .def_readonly("timed_out", &Placement::timed_out)
         .def_readonly("nodes", &Placement::nodes)
         .def_readonly("leaves", &Placement::leaves);
+
+    py::class_<SearchMonitor, std::shared_ptr<SearchMonitor>>(m, "SearchMonitor")
+        .def(py::init<>())
+        .def_property_readonly("best", [](const SearchMonitor& s) { return s.best.load(); })
+        .def_property_readonly("lower_bound",
+                               [](const SearchMonitor& s) { return s.lower_bound.load(); })
+        .def_property_readonly("nodes_expanded",
+                               [](const SearchMonitor& s) { return s.nodes_expanded.load(); })
+        .def_property_readonly("leaves_placed",
+                               [](const SearchMonitor& s) { return s.leaves_placed.load(); })
+        .def("cancel", [](SearchMonitor& s) { s.cancel.store(true); })
+        .def_property_readonly("cancelled", [](const SearchMonitor& s) { return s.cancel.load(); });
 
     py::enum_<Objective>(m, "Objective")
         .value("COST", Objective::Cost)
@@ -45,6 +60,8 @@ void register_search(py::module_& m) {
         .def_readwrite("budget_usd", &SearchOptions::budget_usd)
         .def_readwrite("enforce_deadline", &SearchOptions::enforce_deadline)
         .def_readwrite("time_limit_s", &SearchOptions::time_limit_s)
+        .def_readwrite("max_gpu_types", &SearchOptions::max_gpu_types)
+        .def_readwrite("monitor", &SearchOptions::monitor)
         .def_readwrite("threads", &SearchOptions::threads)
         .def_readwrite("top_k", &SearchOptions::top_k)
         .def_readwrite("max_frontier", &SearchOptions::max_frontier)

@@ -33,7 +33,8 @@ class Placer {
 public:
     Placer(const ModelDims& model, const std::vector<GpuSpec>& gpus, const CostParams& params,
            const Workload& work, const std::vector<StageGroup>& groups, const PlaceOptions& opt)
-        : model_(model), gpus_(gpus), params_(params), work_(work), opt_(opt) {
+        : model_(model), gpus_(gpus), params_(params), work_(work), opt_(opt),
+          sw_(std::min(opt.deadline, Stopwatch::after(opt.time_limit_s)), opt.cancel) {
         P_ = static_cast<std::int64_t>(groups.size());
         L_ = model.num_layers;
         M_ = work.num_microbatches;
@@ -59,6 +60,36 @@ public:
             out.lower_bound_s = kInf;
             return out;
         }
+        if (static_cast<double>(k_) * static_cast<double>(P_) * static_cast<double>(span_ + 1) >
+            static_cast<double>(opt_.table_limit)) {
+            out.exhaustive = false;  // too large to place exactly within bounded memory
+            return out;
+        }
+        try {
+            search(out);
+        } catch (const TimeUp&) {
+            out.exhaustive = false;
+            out.timed_out = true;
+        }
+        out.nodes = nodes_;
+        out.leaves = leaves_;
+        if (best_iter_ < kInf) {
+            out.found = true;
+            out.iteration_s = best_iter_;
+            out.stages.clear();
+            std::int64_t begin = 0;
+            for (std::int64_t i = 0; i < P_; ++i) {
+                const StageGroup& g = distinct_[static_cast<std::size_t>(best_group_[static_cast<std::size_t>(i)])];
+                const std::int64_t n = best_layers_[static_cast<std::size_t>(i)];
+                out.stages.push_back({g.gpu, g.tp, begin, begin + n});
+                begin += n;
+            }
+        }
+        return out;
+    }
+
+private:
+    void search(Placement& out) {
         build_tables();
         build_ranks();
         // Memo of the completion bound over (remaining multiset, first layer, previous group).
@@ -91,29 +122,15 @@ public:
             out.lower_bound_s = 0.0;
         }
         if (!std::isfinite(out.lower_bound_s)) {
-            return out;  // no split fits in memory
+            return;  // no split fits in memory
         }
         seq_group_.assign(static_cast<std::size_t>(P_), 0);
         seq_layers_.assign(static_cast<std::size_t>(P_), 0);
         dfs(0, 0, k_, 0.0, 0.0, 0.0, 0.0, 0.0, root_index_);
         out.exhaustive = exhaustive_;
-        out.nodes = nodes_;
-        out.leaves = leaves_;
-        if (best_iter_ < kInf) {
-            out.found = true;
-            out.iteration_s = best_iter_;
-            std::int64_t begin = 0;
-            for (std::int64_t i = 0; i < P_; ++i) {
-                const StageGroup& g = distinct_[static_cast<std::size_t>(best_group_[static_cast<std::size_t>(i)])];
-                const std::int64_t n = best_layers_[static_cast<std::size_t>(i)];
-                out.stages.push_back({g.gpu, g.tp, begin, begin + n});
-                begin += n;
-            }
-        }
-        return out;
+        out.timed_out = timed_out_;
     }
 
-private:
     std::size_t cell(std::int64_t j, std::int64_t pos, std::int64_t n) const {
         return static_cast<std::size_t>((j * P_ + pos) * (span_ + 1) + n);
     }
@@ -139,6 +156,7 @@ private:
             const StageGroup& g = distinct_[static_cast<std::size_t>(j)];
             const GpuSpec& spec = gpus_[static_cast<std::size_t>(g.gpu)];
             for (std::int64_t pos = 0; pos < P_; ++pos) {
+                if (sw_.expired(1)) throw TimeUp{};
                 for (std::int64_t n = 1; n <= span_; ++n) {
                     const StageEstimate e = stage_cost(model_, spec, params_, work_, g.tp, n, pos, P_);
                     if (e.memory_bytes > e.capacity_bytes) break;  // memory grows with n
@@ -200,6 +218,7 @@ private:
     double bound_rest(std::int64_t left, std::int64_t l, std::int64_t prev, std::int64_t idx) {
         const std::size_t key = static_cast<std::size_t>((idx * (L_ + 1) + l) * (k_ + 1) + prev);
         if (memo_[key] >= 0) return memo_[key];
+        if (sw_.expired()) throw TimeUp{};
         const std::int64_t pos = P_ - left;
         double best = kInf;
         for (std::int64_t j = 0; j < k_; ++j) {
@@ -235,6 +254,7 @@ private:
     double sum_rest(std::int64_t left, std::int64_t l, std::int64_t prev, std::int64_t idx) {
         const std::size_t key = static_cast<std::size_t>((idx * (L_ + 1) + l) * (k_ + 1) + prev);
         if (memo_sum_[key] >= 0) return memo_sum_[key];
+        if (sw_.expired()) throw TimeUp{};
         const std::int64_t pos = P_ - left;
         double best = kInf;
         for (std::int64_t j = 0; j < k_; ++j) {
@@ -265,6 +285,7 @@ private:
     Neck neck_rest(std::int64_t left, std::int64_t l, std::int64_t idx) {
         const std::size_t key = static_cast<std::size_t>(idx * (L_ + 1) + l);
         if (memo_neck_[key].g >= 0) return memo_neck_[key];
+        if (sw_.expired()) throw TimeUp{};
         const std::int64_t pos = P_ - left;
         Neck best{kInf, kInf, kInf};
         for (std::int64_t j = 0; j < k_; ++j) {
@@ -314,6 +335,11 @@ private:
              double armax, double optmax, double gmax, std::int64_t idx) {
         if (nodes_ >= opt_.node_limit) {
             exhaustive_ = false;
+            return;
+        }
+        if (sw_.expired(64)) {
+            exhaustive_ = false;
+            timed_out_ = true;
             return;
         }
         ++nodes_;
@@ -407,7 +433,8 @@ private:
     std::vector<double> f_, b_, g_, ar_, opt_step_, send_, memo_, memo_sum_;
     std::vector<Neck> memo_neck_;
     std::vector<char> ok_;
-    bool one_node_ = false, use_memo_ = false, exhaustive_ = true;
+    Stopwatch sw_;
+    bool one_node_ = false, use_memo_ = false, exhaustive_ = true, timed_out_ = false;
     std::int64_t root_index_ = 0, nodes_ = 0, leaves_ = 0;
     std::vector<std::int64_t> seq_group_, seq_layers_, best_group_, best_layers_;
     double best_iter_ = kInf;

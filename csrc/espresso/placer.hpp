@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "espresso/clock.hpp"
 #include "espresso/cost_model.hpp"
 
 namespace espresso {
@@ -31,6 +32,13 @@ struct PlaceOptions {
     std::int64_t memo_limit = 4000000;
     // Compute-memory ordering of the groups tried first (memory-rich early).
     bool ratio_order = true;
+    // Wall-clock limit in seconds (0: none); the search sets `deadline` instead.
+    double time_limit_s = 0;
+    Clock::time_point deadline = Clock::time_point::max();
+    const std::atomic<bool>* cancel = nullptr;  // stop when it turns true
+    // Cells of the per-(group, position, layers) tables at most: beyond, the placer gives up
+    // (not exhaustive) rather than allocate without bound.
+    std::int64_t table_limit = 1 << 22;
 };
 
 struct Placement {
@@ -38,7 +46,8 @@ struct Placement {
     std::vector<StageSpec> stages;    // its stages, in pipeline order
     double iteration_s = std::numeric_limits<double>::infinity();
     double lower_bound_s = 0;         // no placement of these groups is faster
-    bool exhaustive = true;           // false: node_limit stopped the search
+    bool exhaustive = true;           // false: a limit (nodes, time, tables) stopped it
+    bool timed_out = false;           // the time limit (or a cancel) stopped it
     std::int64_t nodes = 0;           // branch-and-bound nodes
     std::int64_t leaves = 0;          // placements simulated
 };

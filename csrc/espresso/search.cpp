@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <queue>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -36,6 +37,7 @@ struct Node {
     std::int32_t combo = 0;
     std::int32_t next = 0;   // first order position still open
     std::int32_t stages = 0;
+    std::int32_t types = 0;  // distinct GPU types among the choices
     double price = 0;        // per replica, USD per hour
     double rate = 0;         // per replica, effective FLOP/s
     double cap = 0;          // per replica, usable bytes
@@ -98,10 +100,18 @@ public:
 
     SearchResult run() {
         const auto t_start = std::chrono::steady_clock::now();
-        start_ = t_start;
+        deadline_ = Stopwatch::after(opt_.time_limit_s);
+        cancel_ = opt_.monitor ? &opt_.monitor->cancel : nullptr;
+        Stopwatch sw(deadline_, cancel_);
         prepare_types();
-        prepare_combos();
-        for (std::size_t c = 0; c < combos_.size(); ++c) {
+        prepare_combos(sw);
+        if (sw.check_now()) {
+            // Out of time while building the tables: nothing is known about the rest.
+            stop_ = true;
+            stats_.timed_out = true;
+            open_lb_ = 0.0;
+        }
+        for (std::size_t c = 0; c < combos_.size() && !stop_; ++c) {
             Node root;
             root.combo = static_cast<std::int32_t>(c);
             root.lb = bound(root);
@@ -125,6 +135,12 @@ public:
         }
         const double best = best_.empty() ? kInf : best_.front().objective;
         stats_.lower_bound = stats_.complete ? best : std::min(best, open_lb_);
+        if (opt_.monitor) {
+            opt_.monitor->best.store(best);
+            opt_.monitor->lower_bound.store(stats_.lower_bound);
+            opt_.monitor->nodes_expanded.store(stats_.nodes_expanded);
+            opt_.monitor->leaves_placed.store(stats_.leaves_placed);
+        }
         out.stats = stats_;
         return out;
     }
@@ -192,7 +208,7 @@ private:
                a.gpus_per_node >= b.gpus_per_node && a.price_per_hour <= b.price_per_hour;
     }
 
-    void prepare_combos() {
+    void prepare_combos(Stopwatch& sw) {
         const std::int64_t B = job_.global_batch_size;
         const double L = d(model_.num_layers);
         for (const Recompute rc : opt_.recompute) {
@@ -200,6 +216,7 @@ private:
                 if (b < 1 || B % b != 0) continue;
                 for (std::int64_t dp = 1; dp <= std::min(B / b, opt_.max_dp); ++dp) {
                     if ((B / b) % dp != 0) continue;
+                    if (sw.expired(1)) return;
                     Combo c;
                     c.work = job_;
                     c.work.micro_batch_size = b;
@@ -242,16 +259,22 @@ private:
                     lenient.schedule = Schedule::GPipe;
                     lenient.num_microbatches = 1;
                     for (const std::int64_t t : order_) {
+                        if (sw.expired(16)) return;
                         const auto st = static_cast<std::size_t>(t);
                         for (const std::int64_t w : widths_[st]) {
-                            std::int64_t n = 0;
-                            while (n < model_.num_layers) {
+                            // Memory grows with the blocks held: the most that fit, by bisection.
+                            auto fits = [&](std::int64_t n) {
                                 const StageEstimate e = stage_cost(model_, gpus_[st], params_, lenient,
-                                                                   w, n + 1, 1, 3);
-                                if (e.memory_bytes > e.capacity_bytes) break;
-                                ++n;
+                                                                   w, n, 1, 3);
+                                return e.memory_bytes <= e.capacity_bytes;
+                            };
+                            std::int64_t lo = 0, hi = model_.num_layers;  // fits(lo) (or lo = 0)
+                            while (lo < hi) {
+                                const std::int64_t mid = lo + (hi - lo + 1) / 2;
+                                if (fits(mid)) lo = mid;
+                                else hi = mid - 1;
                             }
-                            c.max_layers[st].push_back(n);
+                            c.max_layers[st].push_back(lo);
                         }
                     }
                     combos_.push_back(std::move(c));
@@ -315,7 +338,6 @@ private:
             std::int64_t cap, count;
         };
         std::vector<G> gs;
-        std::vector<double> cand;
         const std::int64_t L = model_.num_layers;
         for (const Choice& ch : n.choices) {
             const auto st = static_cast<std::size_t>(ch.type);
@@ -324,9 +346,7 @@ private:
             const std::int64_t cap = opt_.prune_memory ? c.max_layers[st][wi] : L;
             const double t = block_time(c, ch.type, ch.tp);
             gs.push_back({t, cap, ch.count});
-            for (std::int64_t k = 1; k <= std::min(cap, L); ++k) cand.push_back(d(k) * t);
         }
-        std::sort(cand.begin(), cand.end());
         auto feasible = [&](double tau) {
             std::int64_t total = 0;
             for (const G& g : gs) {
@@ -337,13 +357,20 @@ private:
             }
             return total >= L;
         };
-        std::size_t lo = 0, hi = cand.size();
-        while (lo < hi) {
-            const std::size_t mid = (lo + hi) / 2;
-            if (feasible(cand[mid])) hi = mid;
-            else lo = mid + 1;
+        // The answer is k * t_g for some group g and 1 <= k <= its cap, and feasibility only
+        // grows with tau: bisect each group's sequence, keep the least feasible value.
+        double best = kInf;
+        for (const G& g : gs) {
+            std::int64_t lo = 1, hi = std::min(g.cap, L);
+            if (hi < 1 || !feasible(d(hi) * g.t)) continue;
+            while (lo < hi) {
+                const std::int64_t mid = lo + (hi - lo) / 2;
+                if (feasible(d(mid) * g.t)) hi = mid;
+                else lo = mid + 1;
+            }
+            best = std::min(best, d(lo) * g.t);
         }
-        return lo < cand.size() ? cand[lo] * (1 - 1e-12) : kInf;
+        return best * (1 - 1e-12);
     }
 
     double own_bound(const Node& n, const Combo& c) const {
@@ -386,6 +413,7 @@ private:
     double ext_bound(const Node& n, const Combo& c) const {
         const auto p = static_cast<std::size_t>(n.next);
         if (p >= order_.size() || n.stages >= std::min(opt_.max_stages, model_.num_layers)) return kInf;
+        if (n.types >= opt_.max_gpu_types) return kInf;
         if (opt_.prune_memory && n.cap + c.suffix_cap[p] < c.need_bytes) return kInf;
         return type_bound(n, c, p, suffix_min_rate_[p]);
     }
@@ -440,9 +468,23 @@ private:
     }
 
     bool out_of_time() const {
-        return opt_.time_limit_s > 0 &&
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() >
-                   opt_.time_limit_s;
+        if (cancel_ != nullptr && cancel_->load(std::memory_order_relaxed)) return true;
+        return deadline_ != Clock::time_point::max() && Clock::now() >= deadline_;
+    }
+
+    // The smallest bound still open (under the lock): the frontier, the nodes being
+    // processed, and what incomplete placements left. Shown as progress.
+    void report_progress() {
+        if (!opt_.monitor) return;
+        double lb = open_lb_;
+        if (!queue_.empty()) lb = std::min(lb, queue_.top().lb);
+        if (!inflight_.empty()) lb = std::min(lb, *inflight_.begin());
+        const double best = best_.empty() ? kInf : best_.front().objective;
+        opt_.monitor->lower_bound.store(std::isfinite(lb) ? std::min(lb, best) : best,
+                                        std::memory_order_relaxed);
+        opt_.monitor->best.store(best, std::memory_order_relaxed);
+        opt_.monitor->nodes_expanded.store(stats_.nodes_expanded, std::memory_order_relaxed);
+        opt_.monitor->leaves_placed.store(stats_.leaves_placed, std::memory_order_relaxed);
     }
 
     // Depth-first branch and bound below `node` (children in bound order), used when the
@@ -461,10 +503,13 @@ private:
         }
         ++stats_.nodes_expanded;
         std::vector<Node> children;
-        Local local;
+        Local local(deadline_, cancel_);
+        const auto mark = inflight_.insert(node.lb);
+        report_progress();
         lock.unlock();
         process(node, thr, children, local);
         lock.lock();
+        inflight_.erase(mark);
         merge(local);
         std::sort(children.begin(), children.end(),
                   [](const Node& a, const Node& b) { return NodeOrder()(b, a); });
@@ -499,11 +544,14 @@ private:
             }
             ++busy_;
             ++stats_.nodes_expanded;
+            const auto mark = inflight_.insert(node.lb);
+            report_progress();
             lock.unlock();
             std::vector<Node> children;
-            Local local;
+            Local local(deadline_, cancel_);
             process(node, thr, children, local);
             lock.lock();
+            inflight_.erase(mark);
             merge(local);
             for (Node& ch : children) {
                 if (beyond(ch.lb, threshold())) {
@@ -519,10 +567,12 @@ private:
     }
 
     struct Local {
+        Local(Clock::time_point deadline, const std::atomic<bool>* cancel) : sw(deadline, cancel) {}
         SearchStats s;
         std::vector<SearchPlan> plans;
         double open_lb = kInf;
         bool incomplete = false;
+        Stopwatch sw;  // this thread's view of the limit
     };
 
     void merge(const Local& l) {
@@ -537,7 +587,12 @@ private:
         stats_.placer_leaves += l.s.placer_leaves;
         open_lb_ = std::min(open_lb_, l.open_lb);
         if (l.incomplete) stats_.complete = false;
+        if (!stop_ && out_of_time()) {
+            stop_ = true;
+            stats_.timed_out = true;
+        }
         for (const SearchPlan& p : l.plans) offer(p);
+        report_progress();
     }
 
     void offer(const SearchPlan& p) {
@@ -571,6 +626,12 @@ private:
         // 2. Children: stages of one more type, at any later order position.
         const double ext = ext_bound(node, c);
         if (!std::isfinite(ext) || beyond(ext, thr)) return;
+        if (local.sw.check_now()) {
+            // Out of time: what lies below this node stays open, bounded by its bound.
+            local.incomplete = true;
+            local.open_lb = std::min(local.open_lb, node.lb);
+            return;
+        }
         const std::int64_t room = std::min(opt_.max_stages, model_.num_layers) - node.stages;
         for (std::size_t p = static_cast<std::size_t>(node.next); p < order_.size(); ++p) {
             // Adding a type at position p (and perhaps later ones, all with a price per
@@ -596,6 +657,13 @@ private:
                    std::vector<Node>& children, Local& local) {
         if (wi == ws.size()) {
             if (used_stages == 0) return;
+            if (local.sw.expired()) {
+                if (!local.incomplete) {
+                    local.incomplete = true;
+                    local.open_lb = std::min(local.open_lb, node.lb);
+                }
+                return;
+            }
             make_child(node, c, p, ws, counts, used_gpus, used_stages, thr, children, local);
             return;
         }
@@ -635,6 +703,7 @@ private:
         ch.combo = node.combo;
         ch.next = static_cast<std::int32_t>(p + 1);
         ch.stages = node.stages + static_cast<std::int32_t>(stages);
+        ch.types = node.types + 1;
         ch.price = node.price + d(gpus_per_replica) * gpus_[st].price_per_hour;
         ch.rate = node.rate + d(gpus_per_replica) * rate_[st];
         ch.cap = node.cap + d(gpus_per_replica) * cap_[st];
@@ -708,6 +777,8 @@ private:
             if (hourly > 0) cutoff = std::min(cutoff, opt_.budget_usd * 3600.0 / (hourly * iters));
         }
         po.cutoff_s = cutoff * (1 + kSlack);
+        po.deadline = deadline_;
+        po.cancel = cancel_;
         Placement pl;
         if (static_cast<std::int64_t>(groups.size()) * c.work.num_microbatches > kMaxStageMicrobatchProduct) {
             return;
@@ -720,7 +791,8 @@ private:
             const double lb_obj = opt_.objective == Objective::Cost
                                       ? hourly * iters * pl.lower_bound_s / 3600.0
                                       : iters * pl.lower_bound_s / 3600.0;
-            local.open_lb = std::min(local.open_lb, lb_obj);
+            // The node's own bound holds for every placement of this allocation too.
+            local.open_lb = std::min(local.open_lb, std::max(lb_obj, node.own));
         }
         if (!pl.found) return;
         EstimateResult est = estimate(model_, specs, params_, c.work, pl.stages);
@@ -762,7 +834,9 @@ private:
     std::atomic<double> threshold_{kInf};
     std::vector<SearchPlan> best_;
     SearchStats stats_;
-    std::chrono::steady_clock::time_point start_;
+    Clock::time_point deadline_ = Clock::time_point::max();
+    const std::atomic<bool>* cancel_ = nullptr;
+    std::multiset<double> inflight_;  // bounds of the nodes being processed
 };
 
 void check_options(const SearchOptions& o) {
@@ -783,6 +857,7 @@ void check_options(const SearchOptions& o) {
     }
     if (!(o.budget_usd > 0)) throw std::invalid_argument("budget_usd must be > 0");
     if (o.max_frontier < 1) throw std::invalid_argument("max_frontier must be >= 1");
+    if (o.max_gpu_types < 1) throw std::invalid_argument("max_gpu_types must be >= 1");
     if (o.placer.node_limit < 1 || o.placer.memo_limit < 0) {
         throw std::invalid_argument("placer limits must be positive");
     }

@@ -14,8 +14,10 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
 
+#include "espresso/clock.hpp"
 #include "espresso/cost_model.hpp"
 #include "espresso/placer.hpp"
 
@@ -33,7 +35,10 @@ struct SearchOptions {
     Objective objective = Objective::Cost;
     double budget_usd = std::numeric_limits<double>::infinity();  // Time objective
     bool enforce_deadline = true;
-    double time_limit_s = 0;            // 0: none
+    double time_limit_s = 0;            // wall clock, checked everywhere time is spent; 0: none
+    std::int64_t max_gpu_types = 1 << 20;  // distinct GPU types in one plan at most
+    // Read by the caller while the search runs (progress), and its cancel flag stops it.
+    std::shared_ptr<SearchMonitor> monitor;
     std::int64_t threads = 1;
     std::int64_t top_k = 1;
     std::int64_t max_frontier = 200000;   // best-first nodes held; beyond, subtrees go depth-first

@@ -1,0 +1,75 @@
+// Wall-clock limits and a monitor the caller can read while a search runs. Pure C++.
+//
+// Every loop of the native search that can spend time (the allocator's tree, the placer's
+// branch and bound and its dynamic programmes, the per-combination tables) asks a Stopwatch
+// whether to stop; it is cheap (a clock read every `stride` calls), so a search stops within
+// a small constant of its limit on any input.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+
+namespace espresso {
+
+using Clock = std::chrono::steady_clock;
+
+// Shared with the caller (Python polls it from another thread): progress figures written
+// with relaxed atomics, and a flag that asks the search to stop as if its time were up.
+struct SearchMonitor {
+    std::atomic<double> best{std::numeric_limits<double>::infinity()};  // objective so far
+    std::atomic<double> lower_bound{0.0};   // smallest bound of a node taken from the tree
+    std::atomic<std::int64_t> nodes_expanded{0};
+    std::atomic<std::int64_t> leaves_placed{0};
+    std::atomic<bool> cancel{false};
+};
+
+// Thrown inside the placer's recursions when the limit passes; caught at its top level.
+struct TimeUp {};
+
+class Stopwatch {
+public:
+    Stopwatch() = default;
+    // `deadline`: Clock::time_point::max() for none. `cancel` may be null.
+    Stopwatch(Clock::time_point deadline, const std::atomic<bool>* cancel)
+        : deadline_(deadline), cancel_(cancel) {}
+
+    static Clock::time_point after(double seconds) {
+        if (!(seconds > 0)) return Clock::time_point::max();
+        const auto now = Clock::now();
+        const double room = std::chrono::duration<double>(Clock::time_point::max() - now).count();
+        if (seconds >= room / 2) return Clock::time_point::max();
+        return now + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(seconds));
+    }
+
+    bool limited() const { return deadline_ != Clock::time_point::max() || cancel_ != nullptr; }
+
+    // True once the deadline has passed or the caller cancelled; reads the clock every
+    // `stride` calls only (and always once it has said yes).
+    bool expired(std::int64_t stride = 256) {
+        if (expired_) return true;
+        if (!limited()) return false;
+        if (++calls_ % stride != 0) return false;
+        return check_now();
+    }
+
+    bool check_now() {
+        if (expired_) return true;
+        if (cancel_ != nullptr && cancel_->load(std::memory_order_relaxed)) expired_ = true;
+        if (deadline_ != Clock::time_point::max() && Clock::now() >= deadline_) expired_ = true;
+        return expired_;
+    }
+
+    Clock::time_point deadline() const { return deadline_; }
+    const std::atomic<bool>* cancel() const { return cancel_; }
+
+private:
+    Clock::time_point deadline_ = Clock::time_point::max();
+    const std::atomic<bool>* cancel_ = nullptr;
+    std::int64_t calls_ = 0;
+    bool expired_ = false;
+};
+
+}  // namespace espresso
