@@ -19,7 +19,8 @@ from .errors import (
     ProfileError,
     SpecError,
 )
-from .estimate import Estimate, StageEstimate, estimate
+from .estimate import estimate
+from .estimate_result import Estimate, StageEstimate
 from .job import Job
 from .model import ModelSpec
 from .plan import Plan, Stage

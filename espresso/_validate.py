@@ -8,8 +8,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from . import _io
 from .errors import SpecError
 
 
@@ -125,12 +124,6 @@ def suggest(name: str, options: Iterable[str]) -> str:
 
 
 def load_yaml(what: str, path: str | Path, *, err: type[SpecError] = SpecError) -> Any:
-    """Parse a YAML (or JSON) file, with errors that name the file and what it should hold."""
-    try:
-        return yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        msg = f"{what}: no such file {str(path)!r}"
-        raise err(msg) from None
-    except (OSError, yaml.YAMLError) as exc:
-        msg = f"{what}: cannot parse {str(path)!r}: {exc}"
-        raise err(msg) from None
+    """Parse a YAML (or JSON) file, with errors that name the file and what it should hold
+    (``espresso._io``: one place for every file read)."""
+    return _io.load_yaml(what, path, err=err)

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from . import _io
 from . import _validate as v
 from ._native import core
 from .errors import CatalogError
@@ -211,7 +212,7 @@ class Catalog:
         data = self.to_dict()
         text = json.dumps(data, indent=2) if path.suffix == ".json" else yaml.safe_dump(
             data, sort_keys=False)
-        path.write_text(text)
+        _io.write_text("catalog", path, text, err=CatalogError)
 
     def _specs(self) -> list[Any]:
         return [g._spec() for g in self.gpus]

@@ -2,132 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import _validate as v
 from ._native import core
 from .catalog import Catalog
 from .cost import CostParams
 from .errors import PlanError, SpecError
-from .plan import Plan
+from .estimate_result import GB, Estimate, StageEstimate
+from .job import Job
 from .profile import apply_profiles, as_profiles
 
-GB = 1e9
+if TYPE_CHECKING:
+    from .plan import Plan
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageEstimate:
-    """Time and per-GPU memory of one stage."""
-
-    index: int
-    gpu: str
-    tp: int
-    layers: tuple[int, int]
-    fwd_s: float
-    """Forward time of one micro-batch."""
-    bwd_s: float
-    """Backward time of one micro-batch (recomputation included)."""
-    time_s: float
-    """Compute seconds per iteration: ``num_microbatches * (fwd_s + bwd_s)``."""
-    weights_gb: float
-    grads_gb: float
-    optimizer_gb: float
-    activations_gb: float
-    """Activations stashed for the micro-batches in flight."""
-    transient_gb: float
-    """Working memory: one block's activations under recomputation, the last stage's logits."""
-    memory_gb: float
-    """Peak memory per GPU: the sum of the five above."""
-    capacity_gb: float
-    """Usable memory per GPU after the head-room."""
-    headroom_gb: float
-    """``capacity_gb - memory_gb``; negative when the stage does not fit."""
-    in_flight: int
-    """Micro-batches whose activations the stage holds at its peak."""
-    send_s: float
-    """Activation transfer to the next stage (0 for the last)."""
-    send_intra_node: bool
-    dp_allreduce_s: float
-    optimizer_step_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["layers"] = list(self.layers)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Any) -> StageEstimate:
-        data = dict(v.mapping("estimate.stages[]", data, err=PlanError))
-        v.known_keys("estimate.stages[]", data, [f.name for f in fields(cls)],
-                     [f.name for f in fields(cls)], err=PlanError)
-        data["layers"] = tuple(data["layers"])
-        return cls(**data)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Estimate:
-    """What a plan costs and whether it works. ``reasons`` explains infeasibility."""
-
-    iteration_s: float
-    """Seconds per optimizer step: pipeline + DP all-reduce + optimizer step."""
-    total_hours: float
-    hourly_usd: float
-    total_usd: float
-    stage_time_s: tuple[float, ...]
-    """Compute seconds each stage spends per iteration."""
-    stage_memory_gb: tuple[float, ...]
-    """Peak memory per GPU of each stage."""
-    feasible: bool
-    """Every stage fits in memory, availability holds, the layers are covered exactly."""
-    meets_deadline: bool
-    iterations: int
-    deadline_hours: float
-    pipeline_s: float
-    """Makespan of the schedule's event simulation."""
-    dp_allreduce_s: float
-    optimizer_step_s: float
-    closed_form_s: float
-    """``sum(f+b) + (M-1) max(f+b)``, the classic pipeline formula, for comparison."""
-    bubble_fraction: float
-    """Idle share of the pipeline: ``1 - sum(busy) / (P * pipeline_s)``."""
-    bottleneck_stage: int
-    """The stage with the largest per-micro-batch ``fwd + bwd``."""
-    mfu: float
-    """Model FLOPs per second over the peak of all rented GPUs."""
-    tokens_per_s: float
-    gpus: dict[str, int]
-    stages: tuple[StageEstimate, ...]
-    reasons: tuple[str, ...]
-    """Why the plan is infeasible, in words (empty when feasible)."""
-
-    @property
-    def bottleneck(self) -> StageEstimate:
-        return self.stages[self.bottleneck_stage]
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            val = getattr(self, f.name)
-            if f.name == "stages":
-                val = [s.to_dict() for s in val]
-            elif isinstance(val, tuple):
-                val = list(val)
-            elif isinstance(val, dict):
-                val = dict(val)
-            out[f.name] = val
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Any) -> Estimate:
-        data = dict(v.mapping("estimate", data, err=PlanError))
-        names = [f.name for f in fields(cls)]
-        v.known_keys("estimate", data, names, names, err=PlanError)
-        data["stages"] = tuple(StageEstimate.from_dict(s) for s in data["stages"])
-        for key in ("stage_time_s", "stage_memory_gb", "reasons"):
-            data[key] = tuple(data[key])
-        return cls(**data)
-
+__all__ = ["Estimate", "StageEstimate", "estimate"]
 
 def _workload(plan: Plan) -> Any:
     job = plan.job
@@ -239,7 +127,10 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
     CatalogError
         A stage names a GPU type the catalog does not have.
     """
-    if not isinstance(plan, Plan):
+    # Checked by shape: the plan module imports this one, not the other way round.
+    if not (isinstance(getattr(plan, "job", None), Job)
+            and isinstance(getattr(plan, "stages", None), tuple)
+            and hasattr(plan, "num_microbatches")):
         msg = f"estimate: expected a Plan, got {type(plan).__name__}"
         raise PlanError(msg)
     catalog = Catalog.builtin() if catalog is None else catalog

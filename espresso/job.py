@@ -19,6 +19,11 @@ OPTIMIZER_STATE_BYTES = {
 }
 """Optimizer-state bytes per parameter under bf16 mixed precision."""
 
+DEFAULT_SEQ_LEN = 4096
+"""Sequence length when a job does not give one (the API and the CLI share it)."""
+DEFAULT_GLOBAL_BATCH_SIZE = 512
+"""Sequences per optimizer step when a job does not give them."""
+
 _FIELDS = ("model", "seq_len", "global_batch_size", "tokens", "iterations", "deadline_hours",
            "optimizer")
 
@@ -29,12 +34,12 @@ class Job:
 
     model: ModelSpec
     """The model (``ModelSpec.preset('llama2-7b')``, ``ModelSpec.load(...)``)."""
-    seq_len: int
-    """Sequence length in tokens."""
-    global_batch_size: int
-    """Sequences per optimizer step."""
     deadline_hours: float
     """Wall-clock limit for the whole job, in hours."""
+    seq_len: int = DEFAULT_SEQ_LEN
+    """Sequence length in tokens (default 4096)."""
+    global_batch_size: int = DEFAULT_GLOBAL_BATCH_SIZE
+    """Sequences per optimizer step (default 512)."""
     tokens: int | None = None
     """Training tokens; give this or ``iterations``."""
     iterations: int | None = None
@@ -94,8 +99,7 @@ class Job:
         data = dict(v.mapping("job", data, err=JobError))
         if "deadline" in data and "deadline_hours" not in data:
             data["deadline_hours"] = data.pop("deadline")
-        v.known_keys("job", data, _FIELDS, ("model", "seq_len", "global_batch_size",
-                                            "deadline_hours"), err=JobError)
+        v.known_keys("job", data, _FIELDS, ("model", "deadline_hours"), err=JobError)
         model_ref = data.pop("model")
         if isinstance(model_ref, ModelSpec):
             model = model_ref
@@ -126,4 +130,9 @@ class Job:
 
     @classmethod
     def load(cls, path: str | Path) -> Job:
-        return cls.from_dict(v.load_yaml("job", path, err=JobError))
+        data = v.load_yaml("job", path, err=JobError)
+        try:
+            return cls.from_dict(data)
+        except JobError as exc:
+            msg = f"{path}: {exc}"
+            raise JobError(msg) from None

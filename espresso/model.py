@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from . import _io
 from . import _validate as v
 from ._native import core
 from .errors import ModelError
@@ -186,13 +187,11 @@ class ModelSpec:
         """Read a Hugging Face ``config.json`` from disk (Llama-, Mistral-, Qwen2-, GPT-2-,
         GPT-NeoX-style decoders)."""
         path = Path(path)
+        text = _io.read_text("model", path, err=ModelError)
         try:
-            cfg = json.loads(path.read_text())
-        except FileNotFoundError:
-            msg = f"model: no such file {str(path)!r}"
-            raise ModelError(msg) from None
-        except (OSError, json.JSONDecodeError) as exc:
-            msg = f"model: cannot read {str(path)!r} as a config.json: {exc}"
+            cfg = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            msg = f"model: {path}: cannot read as a config.json (not valid JSON: {exc})"
             raise ModelError(msg) from None
         if not isinstance(cfg, dict):
             msg = f"model: {str(path)!r} is not a JSON object"
@@ -215,7 +214,7 @@ class ModelSpec:
             if path.suffix in (".yaml", ".yml"):
                 data = v.load_yaml("model", path, err=ModelError)
                 return cls.from_dict(data, name=path.stem)
-            data = json.loads(path.read_text())
+            data = v.load_yaml("model", path, err=ModelError)
             if isinstance(data, dict) and "hidden_size" in data and "num_layers" in data:
                 return cls.from_dict(data, name=path.stem)
             return cls.from_hf_config(path)

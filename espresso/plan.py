@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from . import _io
 from . import _validate as v
 from .cost import CostParams
 from .errors import PlanError, SpecError
+from .estimate import estimate as _estimate
+from .estimate_result import Estimate
 from .job import Job
-
-if TYPE_CHECKING:
-    from .estimate import Estimate
+from .profile import as_profiles
 
 SCHEMA = "espresso.plan/1"
 SCHEDULES = ("1f1b", "gpipe")
@@ -92,7 +93,8 @@ class Plan:
     estimate: Estimate | None = None
     """The cost model's estimate, when attached (``plan.with_estimate()``)."""
     stats: dict[str, Any] | None = None
-    """Search statistics, for plans the search produced."""
+    """Search statistics, for plans the search produced. Not part of the plan's JSON unless
+    asked for (``to_dict(stats=True)``): they hold timings, so two runs differ."""
     profiles: dict[str, Any] = field(default_factory=dict)
     """Measured profiles (``{gpu: espresso.Profile}``) that replace the analytic block costs
     of those GPU types in the estimate; part of the plan so it estimates the same when read
@@ -131,8 +133,6 @@ class Plan:
         set_(self, "schedule", v.choice("plan.schedule", self.schedule, SCHEDULES, err=PlanError))
         set_(self, "recompute",
              v.choice("plan.recompute", self.recompute, RECOMPUTE, err=PlanError))
-        from .profile import as_profiles
-
         set_(self, "profiles", as_profiles(self.profiles))
         if not isinstance(self.cost_model, CostParams):
             msg = f"plan.cost_model: expected CostParams, got {type(self.cost_model).__name__}"
@@ -157,16 +157,12 @@ class Plan:
 
     def with_estimate(self, catalog: Any = None) -> Plan:
         """A copy with ``estimate`` filled in by :func:`espresso.estimate`."""
-        from .estimate import estimate
-
-        return replace(self, estimate=estimate(self, catalog))
+        return replace(self, estimate=_estimate(self, catalog))
 
     # ------------------------------------------------------------------ I/O
     @classmethod
     def from_dict(cls, data: Any) -> Plan:
         """Read the plan contract (``"schema": "espresso.plan/1"``)."""
-        from .estimate import Estimate
-
         data = v.mapping("plan", data, err=PlanError)
         v.known_keys("plan", data, _PLAN_KEYS, ("job", "stages"), err=PlanError)
         schema = data.get("schema", SCHEMA)
@@ -213,7 +209,9 @@ class Plan:
                 raise PlanError(msg)
         return plan
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, stats: bool = False) -> dict[str, Any]:
+        """The plan contract. Search statistics (timings, node counts) only with
+        ``stats=True``, so the same plan always serialises to the same bytes."""
         out: dict[str, Any] = {
             "schema": SCHEMA,
             "job": self.job.to_dict(),
@@ -232,34 +230,29 @@ class Plan:
             out["profiles"] = {g: p.to_dict() for g, p in self.profiles.items()}
         if self.estimate is not None:
             out["estimate"] = self.estimate.to_dict()
-        if self.stats is not None:
+        if stats and self.stats is not None:
             out["stats"] = self.stats
         return out
 
-    def to_json(self, path: str | Path | None = None, *, indent: int = 2) -> str:
-        """The plan as JSON text; also written to ``path`` when given."""
-        text = json.dumps(self.to_dict(), indent=indent) + "\n"
+    def to_json(self, path: str | Path | None = None, *, indent: int = 2,
+                stats: bool = False) -> str:
+        """The plan as JSON text; also written to ``path`` (atomically) when given."""
+        text = json.dumps(self.to_dict(stats=stats), indent=indent) + "\n"
         if path is not None:
-            Path(path).write_text(text)
+            _io.write_text("plan", path, text, err=PlanError)
         return text
 
     @classmethod
     def from_json(cls, source: str | Path) -> Plan:
         """Read a plan from a JSON file path (or JSON text starting with ``{``)."""
         text = str(source)
+        where = "plan"
         if not text.lstrip().startswith("{"):
-            path = Path(source)
-            try:
-                text = path.read_text()
-            except FileNotFoundError:
-                msg = f"plan: no such file {str(path)!r}"
-                raise PlanError(msg) from None
-            except OSError as exc:
-                msg = f"plan: cannot read {str(path)!r}: {exc}"
-                raise PlanError(msg) from None
+            text = _io.read_text("plan", source, err=PlanError)
+            where = f"plan: {source}"
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            msg = f"plan: not valid JSON ({exc})"
+        except (json.JSONDecodeError, RecursionError) as exc:
+            msg = f"{where}: not valid JSON ({exc})"
             raise PlanError(msg) from None
         return cls.from_dict(data)

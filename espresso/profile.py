@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from . import _io
 from . import _validate as v
 from ._native import core
 from .cost import CostParams
@@ -110,7 +111,7 @@ class Profile:
     def to_json(self, path: str | Path | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=2) + "\n"
         if path is not None:
-            Path(path).write_text(text)
+            _io.write_text("profile", path, text, err=ProfileError)
         return text
 
     @classmethod

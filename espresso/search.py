@@ -17,6 +17,7 @@ from .estimate import _workload, estimate
 from .job import Job
 from .plan import RECOMPUTE, SCHEDULES, Plan, Stage
 from .profile import apply_profiles, as_profiles
+from .progress import DEFAULT_TIME_LIMIT_S, SearchProgress, TimeBudget
 from .units import format_hours as _hours
 
 PRUNING_RULES = ("cost", "deadline", "memory", "dominance")
@@ -37,7 +38,13 @@ class InfeasibleError(EspressoError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchStats:
-    """What the search did and what it proved."""
+    """What the search did and what it proved.
+
+    The plan found is the same for any thread count (ties are broken by a total order), and
+    so are ``lower_bound``, ``gap`` and ``complete`` of a search that completes. The work
+    counters (nodes, pruning, placements, frontier peak, dives) are exact for one thread but
+    vary with two or more: threads expand nodes in a timing-dependent order, and an
+    incumbent found earlier prunes more. ``seconds`` varies with the machine."""
 
     nodes_expanded: int
     nodes_generated: int
@@ -89,7 +96,8 @@ def _threads(threads: int | None) -> int:
 def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | None,
              threads: int | None, top_k: int, max_stages: int, max_tp: int,
              micro_batch_sizes: Iterable[int], recompute: Iterable[str], schedule: str,
-             enforce_deadline: bool, prune: dict[str, bool] | None) -> Any:
+             enforce_deadline: bool, prune: dict[str, bool] | None,
+             max_gpu_types: int | None = None) -> Any:
     o = core.SearchOptions()
     objective = v.choice("objective", objective, ("cost", "time"))
     o.objective = core.Objective.COST if objective == "cost" else core.Objective.TIME
@@ -115,6 +123,8 @@ def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | 
     schedule = v.choice("schedule", schedule, SCHEDULES)
     o.schedule = core.Schedule.GPIPE if schedule == "gpipe" else core.Schedule.ONE_F_ONE_B
     o.enforce_deadline = enforce_deadline
+    if max_gpu_types is not None:
+        o.max_gpu_types = v.integer("max_gpu_types", max_gpu_types, minimum=1, maximum=1 << 20)
     for rule, on in (prune or {}).items():
         if rule not in PRUNING_RULES:
             msg = f"prune: unknown rule {rule!r}; rules: {', '.join(PRUNING_RULES)}"
@@ -154,13 +164,21 @@ def _to_plan(sp: Any, job: Job, catalog: Catalog, cost: CostParams,
 
 
 def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
-           budget_usd: float | None = None, time_limit_s: float | None = None,
+           budget_usd: float | None = None,
+           time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
            threads: int | None = None, top_k: int = 1, max_stages: int = 8, max_tp: int = 8,
            micro_batch_sizes: Sequence[int] = (1, 2, 4, 8),
            recompute: Sequence[str] = ("none", "full"), schedule: str = "1f1b",
            cost_model: CostParams | None = None, enforce_deadline: bool = True,
-           prune: dict[str, bool] | None = None, profiles: Any = None) -> SearchResult:
+           prune: dict[str, bool] | None = None, profiles: Any = None,
+           max_gpu_types: int | None = None, progress: SearchProgress | None = None,
+           phase: str = "searching") -> SearchResult:
     """Run the search and return up to ``top_k`` plans with the statistics.
+
+    ``time_limit_s`` is a wall-clock limit (default 60 s; ``None``: none): the search then
+    returns the best plans found so far with ``stats.gap``. ``max_gpu_types`` limits the
+    distinct GPU types of a plan (1: single-type plans). ``progress`` (a
+    :class:`SearchProgress`) is updated while the search runs and can cancel it.
 
     The space: data-parallel degree (any divisor of the global batch), micro-batch size,
     recomputation, and pipelines of up to ``max_stages`` stages, each a GPU type with a
@@ -179,7 +197,13 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     opts = _options(objective=objective, budget_usd=budget_usd, time_limit_s=time_limit_s,
                     threads=threads, top_k=top_k, max_stages=max_stages, max_tp=max_tp,
                     micro_batch_sizes=micro_batch_sizes, recompute=recompute,
-                    schedule=schedule, enforce_deadline=enforce_deadline, prune=prune)
+                    schedule=schedule, enforce_deadline=enforce_deadline, prune=prune,
+                    max_gpu_types=max_gpu_types)
+    if progress is not None:
+        if not isinstance(progress, SearchProgress):
+            msg = f"progress: expected a SearchProgress, got {type(progress).__name__}"
+            raise SpecError(msg)
+        opts.monitor = progress._start(phase, objective)
     profs = as_profiles(profiles)
     specs = catalog._specs()
     apply_profiles(specs, catalog.names, catalog, job.model, cost, profs)
@@ -211,27 +235,47 @@ def _rent(plan: Plan) -> str:
     return " + ".join(f"{c} x {g}" for g, c in plan.gpus.items())
 
 
+def _gap_words(stats: SearchStats) -> str:
+    return (f"gap {stats.gap:.1%}" if math.isfinite(stats.gap) else "no lower bound")
+
+
 def explain_infeasible(job: Job, catalog: Catalog, result: SearchResult,
-                       **kwargs: Any) -> InfeasibleError:
-    """Why the cost search found nothing: the deadline (with the fastest plan), memory,
-    availability, or the time limit."""
+                       budget: TimeBudget | float | None = None,
+                       progress: SearchProgress | None = None, *, objective: str = "cost",
+                       budget_usd: float | None = None, **kwargs: Any) -> InfeasibleError:
+    """Why the search found nothing: the deadline (with the fastest plan, searched within
+    what is left of ``budget``), the budget (``objective="time"``), memory, availability,
+    or the time limit."""
     stats = result.stats
+    budget = TimeBudget.of(budget)
     if not stats.complete:
         return InfeasibleError(
             f"no plan found within the time limit ({stats.seconds:.1f} s, "
             f"{stats.nodes_expanded:,} nodes expanded); allow more time with time_limit_s "
             "(--time-limit)", stats=stats)
-    kw = {k: val for k, val in kwargs.items() if k not in ("objective", "budget_usd", "top_k")}
-    fast = search(job, catalog, objective="time", **kw)
+    if objective == "time" and budget_usd is not None:
+        return InfeasibleError(f"no plan fits within the budget of ${budget_usd:,.2f}",
+                               stats=stats)
+    kw = {k: val for k, val in kwargs.items() if k not in ("top_k", "time_limit_s")}
+    fast = search(job, catalog, objective="time", time_limit_s=budget.share(1.0),
+                  progress=progress, phase="the fastest plan", **kw)
     if fast.plans:
         f = fast.plans[0]
         assert f.estimate is not None
+        what = ("the fastest plan needs" if fast.stats.complete else
+                f"the fastest plan found so far (not proven: {_gap_words(fast.stats)}, the "
+                "time limit stopped its search) needs")
         return InfeasibleError(
-            f"no plan meets the deadline of {_hours(job.deadline_hours)}; the fastest plan needs "
+            f"no plan meets the deadline of {_hours(job.deadline_hours)}; {what} "
             f"{_hours(f.estimate.total_hours)} on {_rent(f)} "
             f"({f.num_stages} stage{'s' if f.num_stages > 1 else ''}, dp {f.dp}) and costs "
             f"${f.estimate.total_usd:,.2f}",
             fastest=f, stats=stats)
+    if not fast.stats.complete:
+        return InfeasibleError(
+            f"no plan meets the deadline of {_hours(job.deadline_hours)}; the search for the "
+            "fastest plan found none before the time limit; allow more time with "
+            "time_limit_s (--time-limit)", stats=stats)
     # Nothing runs at all: memory or availability.
     model = job.model
     cost = kwargs.get("cost_model") or CostParams()
@@ -257,15 +301,20 @@ def explain_infeasible(job: Job, catalog: Catalog, result: SearchResult,
         "stages, or recomputation", stats=stats)
 
 
-def plan(job: Job, catalog: Catalog | None = None, *, time_limit_s: float | None = None,
+def plan(job: Job, catalog: Catalog | None = None, *,
+         time_limit_s: float | TimeBudget | None = DEFAULT_TIME_LIMIT_S,
          threads: int | None = None, top_k: int = 1, objective: str = "cost",
-         budget_usd: float | None = None, **space: Any) -> Plan:
+         budget_usd: float | None = None, progress: SearchProgress | None = None,
+         **space: Any) -> Plan:
     """The cheapest plan that meets the job's deadline (``objective="cost"``), or the fastest
     within ``budget_usd`` (``objective="time"``), with ``plan.estimate`` and ``plan.stats``
     (nodes, pruning per rule, seconds, lower bound and gap: 0 is proven optimal).
 
-    Other keywords of :func:`search` (``max_stages``, ``max_tp``, ``micro_batch_sizes``,
-    ``recompute``, ``schedule``, ``cost_model``) shape the space.
+    ``time_limit_s`` bounds the whole call (default 60 s; ``None``: no limit), the search
+    for the fastest plan that explains an unmeetable deadline included. ``progress`` (a
+    :class:`SearchProgress`) shows the running search and can cancel it. Other keywords of
+    :func:`search` (``max_stages``, ``max_tp``, ``micro_batch_sizes``, ``recompute``,
+    ``schedule``, ``cost_model``, ``profiles``, ``max_gpu_types``) shape the space.
 
     Raises
     ------
@@ -273,9 +322,10 @@ def plan(job: Job, catalog: Catalog | None = None, *, time_limit_s: float | None
         Nothing meets the job; the message explains why (e.g. the fastest plan's hours).
     """
     catalog = Catalog.builtin() if catalog is None else catalog
-    kwargs = dict(time_limit_s=time_limit_s, threads=threads, **space)
+    budget = TimeBudget.of(time_limit_s)
+    kwargs = dict(threads=threads, **space)
     result = search(job, catalog, objective=objective, budget_usd=budget_usd, top_k=top_k,
-                    **kwargs)
+                    time_limit_s=budget.share(1.0), progress=progress, **kwargs)
     if result.plans:
         best = result.plans[0]
         if len(result.plans) > 1:
@@ -285,11 +335,8 @@ def plan(job: Job, catalog: Catalog | None = None, *, time_limit_s: float | None
                      "gpus": p.gpus} for p in result.plans[1:]]
             best = replace(best, stats={**best.stats, "alternatives": alts})
         return best
-    if objective == "time":
-        raise InfeasibleError(
-            f"no plan fits within the budget of ${budget_usd:,.2f}" if budget_usd else
-            "no plan fits in memory within the search space", stats=result.stats)
-    raise explain_infeasible(job, catalog, result, **kwargs)
+    raise explain_infeasible(job, catalog, result, budget, progress, objective=objective,
+                             budget_usd=budget_usd, **kwargs)
 
 
 def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,

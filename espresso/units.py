@@ -72,7 +72,11 @@ def parse_count(value: str | float | int, field: str = "tokens") -> int:
 
 
 def format_hours(hours: float) -> str:
-    """A duration for people: seconds, minutes, hours, or hours and days."""
+    """A duration for people: seconds, minutes, hours, hours and days, or years."""
+    if not math.isfinite(hours):
+        return "unbounded"
+    if hours >= 24 * 365.25 * 10:
+        return f"{hours:,.3g} h ({hours / (24 * 365.25):,.3g} years)"
     if hours >= 48:
         return f"{hours:,.1f} h ({hours / 24:,.1f} days)"
     if hours >= 1:

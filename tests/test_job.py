@@ -60,7 +60,12 @@ def test_bad_job(change: dict[str, object], match: str) -> None:
 
 
 def test_missing_job_fields() -> None:
-    with pytest.raises(es.JobError, match="missing required field 'seq_len'"):
-        es.Job.from_dict({k: v for k, v in BASE.items() if k != "seq_len"})
+    # seq_len and global_batch_size default as on the command line (4096, 512)
+    job = es.Job.from_dict({k: v for k, v in BASE.items()
+                            if k not in ("seq_len", "global_batch_size")})
+    assert (job.seq_len, job.global_batch_size) == (4096, 512)
+    for key, name in (("model", "model"), ("deadline", "deadline_hours")):
+        with pytest.raises(es.JobError, match=f"missing required field '{name}'"):
+            es.Job.from_dict({k: v for k, v in BASE.items() if k != key})
     with pytest.raises(es.JobError, match="no such file"):
         es.Job.load("/nonexistent/job.yaml")

@@ -1,0 +1,143 @@
+"""What the commands share: exit codes, the console, input helpers and the progress line."""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from rich.console import Console
+
+from .. import _io
+from .._validate import load_yaml
+from ..catalog import Catalog
+from ..cost import CostParams
+from ..errors import ProfileError, SpecError
+from ..profile import Profile
+from ..progress import SearchProgress, TimeBudget
+
+EXIT_OK = 0
+EXIT_INFEASIBLE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+T = TypeVar("T")
+
+
+def console(stderr: bool = False) -> Console:
+    con = Console(stderr=stderr, highlight=False)
+    if not con.is_terminal:
+        # Piped or captured output: tables take their natural width instead of 80 columns.
+        con = Console(stderr=stderr, highlight=False, width=240)
+    return con
+
+
+def load_catalog(path: str | None) -> Catalog:
+    return Catalog.builtin() if path is None else Catalog.load(path)
+
+
+def load_profiles(items: list[str] | None) -> dict[str, Profile] | None:
+    """``--profile GPU=FILE`` (repeatable) -> {gpu: Profile}."""
+    if not items:
+        return None
+    out: dict[str, Profile] = {}
+    for item in items:
+        gpu, sep, path = item.partition("=")
+        if not sep or not gpu or not path:
+            msg = f"--profile: expected GPU=FILE (e.g. A100-80GB=prof.json), got {item!r}"
+            raise ProfileError(msg)
+        prof = Profile.load(path)
+        if prof.gpu != gpu:
+            msg = f"--profile {item}: the file is a profile of {prof.gpu}, not {gpu}"
+            raise ProfileError(msg)
+        out[gpu] = prof
+    return out
+
+
+def load_cost_model(path: str | None) -> CostParams | None:
+    """``--cost-model FILE``: CostParams from YAML/JSON (a mapping, or one under
+    ``cost_model:``)."""
+    if path is None:
+        return None
+    data = load_yaml("--cost-model", path, err=SpecError)
+    if isinstance(data, dict) and set(data) == {"cost_model"}:
+        data = data["cost_model"]
+    if not isinstance(data, dict):
+        msg = (f"--cost-model: {path!r} is not a mapping of cost-model constants "
+               "(e.g. `bytes_per_weight: 4.0`); see docs/cost-model.md")
+        raise SpecError(msg)
+    return CostParams.from_dict(data)
+
+
+def add_cost_model_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--cost-model", metavar="FILE",
+                   help=f"cost-model constants (YAML/JSON, docs/cost-model.md) {what}")
+
+
+def add_profile_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", action="append", metavar="GPU=FILE",
+                   help="measured profile (espresso profile) replacing the analytic block "
+                        "costs of GPU; repeatable")
+
+
+def write_json(what: str, path: str, data: Any) -> None:
+    """JSON to ``path`` (atomically), or to standard output for ``-``."""
+    text = json.dumps(data, indent=2) + "\n"
+    if path == "-":
+        sys.stdout.write(text)
+    else:
+        _io.write_text(what, path, text)
+
+
+def check_output(what: str, path: str | None) -> None:
+    """Refuse an output path that cannot be written before doing the work."""
+    if path and path != "-":
+        _io.check_writable(what, path)
+
+
+def _describe(snap: dict[str, Any]) -> str:
+    parts = [snap["phase"]]
+    best = snap["best"]
+    if best is not None:
+        parts.append(f"best ${best:,.2f}" if snap["objective"] == "cost"
+                     else f"best {best:,.1f} h")
+        gap = snap["gap"]
+        parts.append("proven" if gap == 0 else f"gap {gap:.1%}" if gap is not None else "")
+    parts.append(f"{snap['nodes']:,} nodes")
+    return ", ".join(p for p in parts if p)
+
+
+def run_with_progress(con: Console, label: str, fn: Callable[[], T],
+                      progress: SearchProgress | None = None,
+                      budget: TimeBudget | None = None) -> T:
+    """Run ``fn()`` in a worker thread; after one second show a status line with the elapsed
+    time, the limit, and (given ``progress``) the best plan so far and its proven gap.
+    Ctrl-C cancels the search, which then returns what it has."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        fut = pool.submit(fn)
+        try:
+            return fut.result(timeout=1.0)
+        except concurrent.futures.TimeoutError:
+            pass
+        except KeyboardInterrupt:
+            if progress is not None:
+                progress.cancel()
+            raise
+        start = time.monotonic() - 1.0
+        limit = (f" of {budget.limit_s:g} s" if budget is not None and budget.limit_s
+                 else "")
+        with con.status(label) as status:
+            while True:
+                try:
+                    return fut.result(timeout=0.2)
+                except concurrent.futures.TimeoutError:
+                    text = _describe(progress.snapshot()) if progress is not None else label
+                    status.update(f"{text} ({time.monotonic() - start:.0f} s{limit})")
+                except KeyboardInterrupt:
+                    if progress is not None:
+                        progress.cancel()
+                    raise

@@ -1,0 +1,71 @@
+"""``espresso launch``: torchrun commands for a plan, or a rehearsal on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from typing import Any
+
+from .. import _io
+from .._optional import require
+from ..launch import LaunchError, check_runnable, load_hosts, torchrun_commands
+from ..plan import Plan
+from . import _common as c
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    if args.out_dir and os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        msg = f"--out-dir: {args.out_dir}: exists and is not a folder"
+        raise LaunchError(msg)
+    plan = Plan.from_json(args.plan)
+    check_runnable(plan)  # refuse here, once, what every rank would refuse
+    if args.local:
+        # A dry rehearsal on this machine: one CPU process per GPU of the plan, gloo.
+        require("torch")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={plan.num_gpus}", args.script, *shlex.split(args.script_args)]
+        env = {**os.environ, "ESPRESSO_PLAN": str(args.plan), "CUDA_VISIBLE_DEVICES": ""}
+        # Each process stands for one GPU: one thread each (as a profile with --threads 1),
+        # unless the caller says otherwise.
+        env.setdefault("OMP_NUM_THREADS", "1")
+        print(f"running (OMP_NUM_THREADS={env['OMP_NUM_THREADS']}): "
+              + " ".join(shlex.quote(part) for part in cmd), flush=True)
+        return subprocess.call(cmd, env=env)
+    if not args.hosts:
+        msg = "launch: give --hosts FILE (or --local to rehearse on this machine)"
+        raise LaunchError(msg)
+    hosts = load_hosts(args.hosts)
+    cmds = torchrun_commands(str(args.plan), plan, hosts, args.script,
+                             master_port=args.port, script_args=args.script_args or "")
+    if args.out_dir:
+        out = _io.make_dir("--out-dir", args.out_dir, err=LaunchError)
+        for i, cmd_text in enumerate(cmds):
+            _io.write_text("--out-dir", out / f"node{i}.sh",
+                           "#!/usr/bin/env bash\nset -euo pipefail\n" + cmd_text + "\n",
+                           mode=0o755, err=LaunchError)
+        print(f"wrote {len(cmds)} scripts to {out}/node*.sh")
+    else:
+        print("\n\n".join(cmds))
+    return c.EXIT_OK
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "launch",
+        help="the torchrun command for every node of a plan",
+        description="Map the plan's ranks onto hosts (address, GPU type, GPU count) and print "
+        "the torchrun command of each node, or write one script per node.",
+    )
+    p.add_argument("plan", help="plan JSON file")
+    p.add_argument("--local", action="store_true",
+                   help="rehearse here: one CPU process per GPU of the plan, gloo")
+    p.add_argument("--hosts", metavar="FILE",
+                   help="YAML: hosts: [{address: 10.0.0.1, gpu: A100-80GB, gpus: 8}, ...]")
+    p.add_argument("--script", default="train.py", help="training script (default train.py)")
+    p.add_argument("--script-args", default="", help="arguments for the script")
+    p.add_argument("--port", type=int, default=29500, help="process-group port on the first host")
+    p.add_argument("--out-dir", metavar="DIR", help="write node<i>.sh scripts instead")
+    p.set_defaults(func=cmd_launch)

@@ -1,0 +1,199 @@
+"""``espresso plan`` and ``espresso estimate``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from typing import Any
+
+from rich.markup import escape
+
+from .. import _io
+from .._validate import load_yaml
+from ..errors import JobError
+from ..estimate import estimate
+from ..job import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LEN, Job
+from ..plan import Plan
+from ..progress import DEFAULT_TIME_LIMIT_S, SearchProgress, TimeBudget
+from ..search import InfeasibleError, SearchResult, explain_infeasible, search
+from . import _common as c
+from .report import Comparison, print_estimate, print_plan, print_top
+
+MAIN_SHARE = 0.8
+"""Share of the command's time limit the main search may use when a comparison with
+single-type plans follows (which gets the rest)."""
+
+
+# ---------------------------------------------------------------------- estimate
+def cmd_estimate(args: argparse.Namespace) -> int:
+    c.check_output("--json", args.json)
+    catalog = c.load_catalog(args.catalog)
+    plan = Plan.from_json(args.plan)
+    profiles = c.load_profiles(args.profile)
+    if profiles is not None:
+        plan = replace(plan, profiles=profiles)
+    cost = c.load_cost_model(args.cost_model)
+    if cost is not None:
+        plan = replace(plan, cost_model=cost)
+    est = estimate(plan, catalog)
+    if args.json:
+        text = replace(plan, estimate=est).to_json()
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            _io.write_text("--json", args.json, text)
+    if args.json != "-":
+        print_estimate(plan, est, c.console())
+        if args.json:
+            c.console().print(f"Wrote the plan with its estimate to {escape(args.json)}")
+    return c.EXIT_OK if est.feasible and est.meets_deadline else c.EXIT_INFEASIBLE
+
+
+# ---------------------------------------------------------------------- plan
+def job_from_args(args: argparse.Namespace) -> Job:
+    data: dict[str, Any] = {}
+    if args.job:
+        loaded = load_yaml("--job", args.job, err=JobError)
+        if not isinstance(loaded, dict):
+            msg = f"--job: {args.job}: expected a YAML/JSON mapping of job fields"
+            raise JobError(msg)
+        data.update(loaded)
+    for key, val in (("model", args.model), ("seq_len", args.seq_len),
+                     ("global_batch_size", args.global_batch), ("tokens", args.tokens),
+                     ("iterations", args.iterations), ("deadline_hours", args.deadline),
+                     ("optimizer", args.optimizer)):
+        if val is not None:
+            data[key] = val
+    if args.tokens is not None:
+        data.pop("iterations", None)
+    if args.iterations is not None:
+        data.pop("tokens", None)
+    if "deadline_hours" in data:
+        data.pop("deadline", None)
+    for key, flag in (("model", "--model"), ("deadline_hours", "--deadline")):
+        if key not in data and not (key == "deadline_hours" and "deadline" in data):
+            msg = f"plan: {flag} is required (or give it in --job FILE)"
+            raise JobError(msg)
+    if "tokens" not in data and "iterations" not in data:
+        msg = "plan: give --tokens (e.g. 2e10 or 20B) or --iterations"
+        raise JobError(msg)
+    return Job.from_dict(data)
+
+
+def _compare(job: Job, catalog: Any, best: Plan, budget: TimeBudget,
+             progress: SearchProgress, kwargs: dict[str, Any]) -> Comparison | None:
+    est = best.estimate
+    assert est is not None
+    if len(est.gpus) == 1:
+        return Comparison(plan=best)
+    if budget.spent:
+        return Comparison(plan=None, skipped="not compared: the main search used the whole "
+                          "time limit (--time-limit)")
+    res = search(job, catalog, max_gpu_types=1, time_limit_s=budget.share(1.0),
+                 progress=progress, phase="single-type plans", **kwargs)
+    return Comparison(plan=res.plans[0] if res.plans else None, stats=res.stats)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    c.check_output("--json", args.json)
+    budget = TimeBudget(args.time_limit)
+    catalog = c.load_catalog(args.catalog)
+    job = job_from_args(args)
+    con = c.console()
+    objective = "time" if args.budget is not None else "cost"
+    space: dict[str, Any] = dict(threads=args.threads, max_stages=args.max_stages,
+                                 max_tp=args.max_tp, profiles=c.load_profiles(args.profile),
+                                 cost_model=c.load_cost_model(args.cost_model))
+    kwargs = {**space, "objective": objective, "budget_usd": args.budget}
+    progress = SearchProgress()
+    share = MAIN_SHARE if args.compare else 1.0
+
+    def main_search() -> SearchResult:
+        return search(job, catalog, top_k=args.top_k, time_limit_s=budget.share(share),
+                      progress=progress, phase="searching", **kwargs)
+
+    result = c.run_with_progress(con, "Searching", main_search, progress, budget)
+    if not result.plans:
+        exc: InfeasibleError = c.run_with_progress(
+            con, "Explaining", lambda: explain_infeasible(
+                job, catalog, result, budget, progress, **kwargs), progress, budget)
+        con.print(f"[red]No plan:[/] {escape(str(exc))}")
+        if exc.fastest is not None and args.json:
+            exc.fastest.to_json(args.json, stats=args.stats)
+            con.print(f"Wrote the fastest plan to {escape(args.json)}")
+        return c.EXIT_INFEASIBLE
+    best = result.plans[0]
+    if args.json:  # before anything else can fail or take time
+        best.to_json(args.json, stats=args.stats)
+    comparison = None
+    if args.compare:
+        comparison = c.run_with_progress(
+            con, "Comparing with single-type plans",
+            lambda: _compare(job, catalog, best, budget, progress, kwargs), progress, budget)
+    print_plan(best, con, comparison)
+    if len(result.plans) > 1 or args.top_k > 1:
+        print_top(result.plans, con)
+        if len(result.plans) < args.top_k:
+            con.print(f"Only {len(result.plans)} plan{'s' if len(result.plans) > 1 else ''} "
+                      f"meet{'s' if len(result.plans) == 1 else ''} the job "
+                      f"(--top-k {args.top_k}).")
+    if args.json:
+        con.print(f"Wrote the plan to {escape(args.json)}"
+                  + (" (with search statistics)" if args.stats else ""))
+    return c.EXIT_OK
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "estimate",
+        help="time, memory and cost of a plan",
+        description="Estimate a plan (JSON, schema espresso.plan/1). Exit status: 0 the plan "
+        "fits and meets its deadline, 1 it does not (the reasons are printed), 2 bad input.",
+    )
+    p.add_argument("plan", help="plan JSON file")
+    p.add_argument("--catalog", metavar="FILE", help="catalog YAML/JSON (default: built-in)")
+    p.add_argument("--json", metavar="OUT",
+                   help="write the plan with its estimate as JSON to OUT ('-': stdout only)")
+    c.add_profile_arg(p)
+    c.add_cost_model_arg(p, "replacing the plan's cost_model")
+    p.set_defaults(func=cmd_estimate)
+
+    p = sub.add_parser(
+        "plan",
+        help="the cheapest plan that meets a deadline",
+        description="Search the cheapest plan (GPUs to rent, stages, layer split, dp, "
+        "micro-batches) that meets the deadline, exact within the cost model. Exit status: 0 "
+        "a plan, 1 no plan (the reason is printed), 2 bad input, 130 interrupted.",
+    )
+    p.add_argument("--model", help="preset name (espresso models), HF config.json, or model YAML")
+    p.add_argument("--tokens", help="training tokens, e.g. 2e10 or 20B")
+    p.add_argument("--iterations", help="optimizer steps (instead of --tokens)")
+    p.add_argument("--deadline", help="wall-clock limit, e.g. 7d, 36h, 90m (a number: hours)")
+    p.add_argument("--seq-len", type=int, help=f"sequence length (default {DEFAULT_SEQ_LEN})")
+    p.add_argument("--global-batch", type=int,
+                   help=f"sequences per step (default {DEFAULT_GLOBAL_BATCH_SIZE})")
+    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), help="default adam")
+    p.add_argument("--job", metavar="FILE", help="job YAML/JSON; flags override its fields")
+    p.add_argument("--catalog", metavar="FILE", help="catalog YAML/JSON (default: built-in)")
+    p.add_argument("--json", metavar="OUT", help="write the plan (espresso.plan/1) to OUT")
+    p.add_argument("--stats", action="store_true",
+                   help="with --json: also write the search statistics (they hold timings, "
+                        "so the file then differs from run to run)")
+    p.add_argument("--threads", type=int, help="search threads (default: all cores)")
+    p.add_argument("--time-limit", type=float, metavar="S", default=DEFAULT_TIME_LIMIT_S,
+                   help="wall-clock limit of the whole command, every search included "
+                        f"(default {DEFAULT_TIME_LIMIT_S:g} s); when it stops a search, the best "
+                        "plan so far is shown with its gap")
+    p.add_argument("--budget", type=float, metavar="USD",
+                   help="instead: the fastest plan whose total cost is within USD")
+    p.add_argument("--top-k", type=int, default=1,
+                   help="also list the next best plans (a table of k plans)")
+    p.add_argument("--max-stages", type=int, default=8, help="pipeline depth at most (8)")
+    p.add_argument("--max-tp", type=int, default=8,
+                   help="tensor-parallel width at most (default 8)")
+    p.add_argument("--no-compare", dest="compare", action="store_false",
+                   help="skip the comparison with single-type plans")
+    c.add_profile_arg(p)
+    c.add_cost_model_arg(p, "instead of the defaults")
+    p.set_defaults(func=cmd_plan)

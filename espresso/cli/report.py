@@ -1,0 +1,209 @@
+"""How plans and estimates read on the terminal."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..estimate_result import Estimate
+from ..plan import Plan
+from ..search import SearchStats
+from ..units import format_count as _count
+from ..units import format_hours as _hours
+from ..units import format_seconds as _sec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Comparison:
+    """The best single-type plan, for the line that says what mixing types saves."""
+
+    plan: Plan | None
+    stats: SearchStats | None = None
+    skipped: str | None = None
+    """Why no comparison was made (e.g. no time left)."""
+
+
+def _rent(gpus: dict[str, int]) -> str:
+    return ", ".join(f"{c} x {g}" for g, c in gpus.items())
+
+
+def deadline_words(est: Estimate) -> str:
+    """``met with X to spare`` / ``missed by X (needs Y)``."""
+    if est.meets_deadline:
+        return f"met with {_hours(est.deadline_hours - est.total_hours)} to spare"
+    return (f"missed by {_hours(est.total_hours - est.deadline_hours)} "
+            f"(needs {_hours(est.total_hours)}, deadline {_hours(est.deadline_hours)})")
+
+
+def print_estimate(plan: Plan, est: Estimate, console: Console) -> None:
+    job = plan.job
+    console.print(
+        f"[bold]{escape(job.model.name)}[/]: seq {job.seq_len}, "
+        f"global batch {job.global_batch_size}, "
+        f"{est.iterations:,} iterations ({_count(job.num_tokens)} tokens), "
+        f"deadline {_hours(job.deadline_hours)}"
+    )
+    console.print(
+        f"Rent: {escape(_rent(est.gpus))} (${est.hourly_usd:,.2f}/h).  dp {plan.dp}, "
+        f"{plan.num_microbatches} micro-batches of {plan.micro_batch_size}, {plan.schedule}, "
+        f"recompute {plan.recompute}"
+    )
+    table = Table(caption="f+b/mb: forward+backward of one micro-batch; *: bottleneck stage")
+    for col in ("stage", "GPU", "TP", "layers", "f+b/mb", "busy/iter", "mem/GPU", "usable",
+                "headroom", "in flight"):
+        table.add_column(col, justify="left" if col in ("GPU", "layers") else "right",
+                         no_wrap=True)
+    for s in est.stages:
+        head = f"{s.headroom_gb:.1f} GB"
+        if s.headroom_gb < 0:
+            head = f"[red]{head}[/]"
+        mark = " *" if s.index == est.bottleneck_stage else ""
+        table.add_row(
+            f"{s.index}{mark}", escape(s.gpu), str(s.tp), f"[{s.layers[0]}, {s.layers[1]})",
+            _sec(s.fwd_s + s.bwd_s), _sec(s.time_s), f"{s.memory_gb:.1f} GB",
+            f"{s.capacity_gb:.1f} GB", head, str(s.in_flight),
+        )
+    console.print(table)
+    console.print(
+        f"Iteration {_sec(est.iteration_s)} = pipeline {_sec(est.pipeline_s)} + dp all-reduce "
+        f"{_sec(est.dp_allreduce_s)} + optimizer {_sec(est.optimizer_step_s)}; bubble "
+        f"{est.bubble_fraction:.1%}; bottleneck stage {est.bottleneck_stage} (*); "
+        f"MFU {est.mfu:.1%}; {est.tokens_per_s:,.0f} tokens/s"
+    )
+    console.print(f"Total: {_hours(est.total_hours)}, [bold]${est.total_usd:,.2f}[/]")
+    console.print(f"Deadline: {'' if est.meets_deadline else '[yellow]'}"
+                  f"{deadline_words(est)}{'' if est.meets_deadline else '[/]'}")
+    reasons = list(est.reasons)
+    if not est.meets_deadline:
+        reasons.append(f"it does not meet the deadline: {deadline_words(est)}")
+    if not reasons:
+        console.print("Feasible: [green]yes[/] (fits in memory and meets the deadline)")
+        return
+    console.print("Feasible: [red]no[/]"
+                  + ("" if est.feasible else " (it cannot run as written)")
+                  + ("; meets the deadline: no" if not est.meets_deadline else ""))
+    for r in reasons:
+        console.print(f"  - {escape(r)}")
+
+
+def proof_words(stats: dict[str, object] | SearchStats | None) -> str:
+    if stats is None:
+        return "no search statistics"
+    gap = stats.gap if isinstance(stats, SearchStats) else stats.get("gap")
+    if gap == 0.0:
+        return "proven optimal within the cost model (gap 0)"
+    if isinstance(gap, float) and math.isfinite(gap):
+        return f"not proven: gap {gap:.2%} (the time limit stopped the search)"
+    return "not proven: no lower bound (the time limit stopped the search)"
+
+
+def _compare_line(plan: Plan, comparison: Comparison, console: Console) -> None:
+    est = plan.estimate
+    assert est is not None
+    objective = (plan.stats or {}).get("objective", "cost")
+    if len(est.gpus) == 1:
+        console.print(f"Single GPU type: the {'cheapest' if objective == 'cost' else 'fastest'} "
+                      "plan already uses one type.")
+        return
+    if comparison.skipped:
+        console.print(f"Versus single-type plans: {escape(comparison.skipped)}")
+        return
+    other = comparison.plan
+    unproven = (comparison.stats is not None and not comparison.stats.complete)
+    note = (f" (best found, {proof_words(comparison.stats)})" if unproven else "")
+    if other is None or other.estimate is None:
+        why = ("none found before the time limit" if unproven else
+               "no single GPU type meets the deadline" if objective == "cost" else
+               "no single GPU type fits within the budget")
+        console.print(f"Versus single-type plans: {why}.")
+        return
+    o_est = other.estimate
+    what = (f"the {'cheapest' if objective == 'cost' else 'fastest'} single-type plan "
+            f"({escape(_rent(o_est.gpus))}, ${o_est.total_usd:,.2f}, "
+            f"{_hours(o_est.total_hours)}){note}")
+    if objective == "cost":
+        saving = 1 - est.total_usd / o_est.total_usd if o_est.total_usd > 0 else 0.0
+        if saving >= 0:
+            console.print(f"Versus {what}: saves [bold]{saving:.1%}[/]")
+        else:
+            console.print(f"Versus {what}: costs {-saving:.1%} more (this plan is not proven "
+                          "optimal; allow more time with --time-limit)")
+    else:
+        faster = 1 - est.total_hours / o_est.total_hours if o_est.total_hours > 0 else 0.0
+        if faster >= 0:
+            console.print(f"Versus {what}: [bold]{faster:.1%}[/] faster")
+        else:
+            console.print(f"Versus {what}: {-faster:.1%} slower (this plan is not proven "
+                          "optimal; allow more time with --time-limit)")
+
+
+def print_plan(plan: Plan, console: Console, comparison: Comparison | None) -> None:
+    est = plan.estimate
+    assert est is not None
+    job = plan.job
+    console.print(
+        f"[bold]{escape(job.model.name)}[/] ({_count(job.model.num_params)} parameters): "
+        f"seq {job.seq_len}, global batch {job.global_batch_size}, {est.iterations:,} "
+        f"iterations ({_count(job.num_tokens)} tokens), deadline {_hours(job.deadline_hours)}"
+    )
+    console.print(f"Rent: [bold]{escape(_rent(est.gpus))}[/] (${est.hourly_usd:,.2f}/h).  "
+                  f"dp {plan.dp}, {plan.num_microbatches} micro-batches of "
+                  f"{plan.micro_batch_size}, {plan.schedule}, recompute {plan.recompute}")
+    table = Table(caption="f+b/mb: forward+backward of one micro-batch; *: bottleneck stage")
+    for col in ("stage", "GPU", "TP", "layers", "memory / usable", "f+b/mb", "busy/iter"):
+        table.add_column(col, justify="left" if col in ("GPU", "layers") else "right",
+                         no_wrap=True)
+    for st in est.stages:
+        mark = " *" if st.index == est.bottleneck_stage else ""
+        table.add_row(f"{st.index}{mark}", escape(st.gpu), str(st.tp),
+                      f"[{st.layers[0]}, {st.layers[1]})",
+                      f"{st.memory_gb:.1f} / {st.capacity_gb:.1f} GB",
+                      _sec(st.fwd_s + st.bwd_s), _sec(st.time_s))
+    console.print(table)
+    console.print(
+        f"Iteration {_sec(est.iteration_s)} (pipeline {_sec(est.pipeline_s)}, bubble "
+        f"{est.bubble_fraction:.1%}; dp all-reduce {_sec(est.dp_allreduce_s)}; optimizer "
+        f"{_sec(est.optimizer_step_s)}); MFU {est.mfu:.1%}"
+    )
+    console.print(f"Total: {_hours(est.total_hours)}, [bold]${est.total_usd:,.2f}[/] "
+                  f"(deadline {_hours(job.deadline_hours)}: "
+                  f"{'met' if est.meets_deadline else 'missed'})")
+    if comparison is not None:
+        _compare_line(plan, comparison, console)
+    print_search_line(plan.stats, console)
+
+
+def print_search_line(stats: dict[str, object] | None, console: Console) -> None:
+    stats = stats or {}
+    pruned = stats.get("pruned", {})
+    assert isinstance(pruned, dict)
+    nodes = stats.get("nodes_expanded", 0)
+    leaves = stats.get("leaves_placed", 0)
+    seconds = stats.get("seconds", 0.0)
+    assert isinstance(nodes, int) and isinstance(leaves, int) and isinstance(seconds, float)
+    console.print(
+        f"Search: {nodes:,} nodes expanded, {leaves:,} allocations placed, pruned "
+        + ", ".join(f"{k} {v:,}" for k, v in pruned.items())
+        + f"; {seconds:.2f} s on {stats.get('threads', 1)} threads; {proof_words(stats)}"
+    )
+
+
+def print_top(plans: list[Plan], console: Console) -> None:
+    """The k best plans as one compact table."""
+    table = Table(title=f"The {len(plans)} best plans", caption="stages: GPU x tp [layers)")
+    for col in ("#", "total", "hours", "$/h", "GPUs", "dp", "mb x M", "recompute", "stages"):
+        table.add_column(col, justify="left" if col in ("GPUs", "stages", "recompute")
+                         else "right", no_wrap=col != "stages")
+    for i, p in enumerate(plans, 1):
+        est = p.estimate
+        assert est is not None
+        stages = " | ".join(f"{s.gpu} x{s.tp} [{s.layers[0]},{s.layers[1]})" for s in p.stages)
+        table.add_row(str(i), f"${est.total_usd:,.2f}", f"{est.total_hours:,.1f}",
+                      f"{est.hourly_usd:,.2f}", escape(_rent(est.gpus)), str(p.dp),
+                      f"{p.micro_batch_size} x {p.num_microbatches}", p.recompute,
+                      escape(stages))
+    console.print(table)
