@@ -21,6 +21,10 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kSlack = 1e-9;  // relative: bounds never prune plans within rounding of a tie
+constexpr double kGB = 1e9;
+// The completion bound over added stages looks at each later type; beyond this many it is
+// skipped (the other bounds still hold), so a node's bound stays cheap on huge catalogs.
+constexpr std::size_t kExtTypesMax = 256;
 
 double d(std::int64_t v) { return static_cast<double>(v); }
 
@@ -45,6 +49,9 @@ struct Node {
     double block_rate = 0;   // per replica: block FLOPs per second, TP all-reduces included
     std::int64_t max_layers = 0;  // blocks the stages could hold at most, memory-wise
     bool tensor_parallel = false;  // some stage has tp > 1 (its forward carries TP all-reduces)
+    double sum_bw = 0;       // per replica: sum over stages of tp * DP link GB/s
+    double sum_hbm = 0;      // per replica: sum over stages of tp * memory GB/s
+    double ext_lb = kInf;    // ext_bound, computed once
     std::vector<Choice> choices;
 };
 
@@ -70,6 +77,9 @@ struct Combo {
     double c0 = 0;           // cost = c0 * price / rate at best (cost objective)
     double t0 = 0;           // hours = t0 / rate at best (time objective)
     double rate_min = 0;     // per-replica FLOP/s the deadline needs
+    // DP all-reduce and optimizer step: the largest over stages is at least
+    // k_ar * L / sum(tp * link GB/s) + lat_ar and k_opt * L / sum(tp * memory GB/s).
+    double k_ar = 0, lat_ar = 0, k_opt = 0;
     double need_bytes = 0;   // per-replica memory any plan needs
     std::vector<double> suffix_rate, suffix_cap;  // by order position
     // Most blocks one stage of (type, width index) can hold: a middle stage with a single
@@ -114,7 +124,8 @@ public:
         for (std::size_t c = 0; c < combos_.size() && !stop_; ++c) {
             Node root;
             root.combo = static_cast<std::int32_t>(c);
-            root.lb = bound(root);
+            root.ext_lb = ext_bound(root, combos_[c]);
+            root.lb = std::min(own_bound(root, combos_[c]), root.ext_lb);
             if (std::isfinite(root.lb)) push(std::move(root));
         }
         const std::int64_t nthreads = std::max<std::int64_t>(1, opt_.threads);
@@ -177,8 +188,11 @@ private:
             return cap_[static_cast<std::size_t>(a)] > cap_[static_cast<std::size_t>(b)];
         });
         suffix_min_rate_.assign(order_.size() + 1, kInf);
+        suffix_min_price_.assign(order_.size() + 1, kInf);
         for (std::size_t p = order_.size(); p-- > 0;) {
             suffix_min_rate_[p] = std::min(suffix_min_rate_[p + 1], rate_[static_cast<std::size_t>(order_[p])]);
+            suffix_min_price_[p] = std::min(suffix_min_price_[p + 1],
+                                            gpus_[static_cast<std::size_t>(order_[p])].price_per_hour);
         }
         dominators_.assign(gpus_.size(), {});
         for (std::size_t pj = 0; pj < order_.size(); ++pj) {
@@ -243,6 +257,15 @@ private:
                                            : 0.0;
                     const double states = params_.bytes_per_weight + params_.bytes_per_grad +
                                           job_.optimizer_bytes_per_param / (params_.zero1 ? d(dp) : 1.0);
+                    const double bp = block_params(model_);
+                    if (dp > 1) {
+                        c.k_ar = 2.0 * d(dp - 1) / d(dp) * bp * params_.bytes_per_grad /
+                                 (kGB * params_.link_efficiency);
+                        c.lat_ar = 2.0 * d(dp - 1) * params_.link_latency_s;
+                    }
+                    c.k_opt = bp / (params_.zero1 ? d(dp) : 1.0) *
+                              params_.optimizer_step_bytes_per_param /
+                              (kGB * params_.memory_bandwidth_efficiency);
                     c.need_bytes = total_params(model_) * states +
                                    L * d(job_.seq_len) * d(b) * d(model_.hidden_size) *
                                        params_.bytes_per_activation * min_act_scale_;
@@ -399,6 +422,7 @@ private:
                 t_iter = std::max(t_iter, d(model_.num_layers) * t_min + a * tau);
             }
         }
+        t_iter += sync_bound(c, n.sum_bw, n.sum_hbm);
         const double hours = job_.iterations * t_iter / 3600.0;
         if (opt_.enforce_deadline && opt_.prune_deadline && hours > job_.deadline_hours * (1 + kSlack)) {
             return kInf;
@@ -415,7 +439,150 @@ private:
         if (p >= order_.size() || n.stages >= std::min(opt_.max_stages, model_.num_layers)) return kInf;
         if (n.types >= opt_.max_gpu_types) return kInf;
         if (opt_.prune_memory && n.cap + c.suffix_cap[p] < c.need_bytes) return kInf;
-        return type_bound(n, c, p, suffix_min_rate_[p]);
+        const double by_rate = type_bound(n, c, p, suffix_min_rate_[p]);
+        if (!std::isfinite(by_rate)) return kInf;
+        // The iteration time of any completion, from whole blocks, the bottleneck and the
+        // synchronisation terms (docs/search.md, "Completions").
+        const double t_iter = ext_time_bound(n, c);
+        if (!std::isfinite(t_iter)) return kInf;
+        const double hours = job_.iterations * t_iter / 3600.0;
+        if (opt_.enforce_deadline && opt_.prune_deadline && hours > job_.deadline_hours * (1 + kSlack)) {
+            return kInf;
+        }
+        // A completion pays at least the node's GPUs and the cheapest later one for `hours`.
+        const double usd = hours * d(c.work.dp) * (n.price + suffix_min_price_[p]);
+        if (opt_.objective == Objective::Cost) return std::max(by_rate, usd);
+        if (usd > opt_.budget_usd * (1 + kSlack)) return kInf;
+        return std::max(by_rate, hours);
+    }
+
+    double sync_bound(const Combo& c, double sum_bw, double sum_hbm) const {
+        const double L = d(model_.num_layers);
+        double t = 0;
+        if (c.k_ar > 0 && sum_bw > 0) t += c.k_ar * L / sum_bw + c.lat_ar;
+        if (sum_hbm > 0) t += c.k_opt * L / sum_hbm;
+        return t;
+    }
+
+    // GB/s a stage of `tp` GPUs of `type` brings to the DP all-reduce bound (tp * its link).
+    double stage_bw(const Combo& c, std::int64_t type, std::int64_t tp) const {
+        const GpuSpec& g = gpus_[static_cast<std::size_t>(type)];
+        const bool intra = c.work.dp * tp <= g.gpus_per_node;
+        return d(tp) * (intra ? g.intra_node_gbs : g.inter_node_gbs);
+    }
+
+    // Lower bound on the iteration time of any completion of `n` that adds 1 to `room`
+    // stages of types at order positions >= n.next. With r added stages the bottleneck is at
+    // least tau_r, the least tau at which the node's stages (each at least one block, at most
+    // min(tau / t, its memory limit) blocks) and the r best added stages (type t: at most
+    // its per-replica GPUs many, each holding what its widest allowed width could) hold all
+    // L blocks; then T >= M tau_r and, under 1F1B, T >= L t_min + (M - 1 - (P + r - 1)/q)
+    // tau_r. Both only fall as r grows, so r = room bounds every completion. The DP
+    // all-reduce and the optimizer step add their own bounds.
+    double ext_time_bound(const Node& n, const Combo& c) const {
+        const auto p0 = static_cast<std::size_t>(n.next);
+        const std::int64_t room = std::min(opt_.max_stages, model_.num_layers) - n.stages;
+        if (room < 1 || p0 >= order_.size()) return kInf;
+        if (order_.size() - p0 > kExtTypesMax) return 0.0;
+        const std::int64_t L = model_.num_layers;
+        const double M = d(c.work.num_microbatches);
+        struct Group {
+            double t;
+            std::int64_t cap, count;
+        };
+        std::vector<Group> own;
+        double t_min = kInf, t_max = 0;
+        for (const Choice& ch : n.choices) {
+            const auto st = static_cast<std::size_t>(ch.type);
+            const auto& ws = widths_[st];
+            const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
+            const double t = block_time(c, ch.type, ch.tp);
+            own.push_back({t, opt_.prune_memory ? c.max_layers[st][wi] : L, ch.count});
+            t_min = std::min(t_min, t);
+            t_max = std::max(t_max, t);
+        }
+        struct Option {
+            std::vector<std::pair<double, std::int64_t>> widths;  // (block time, cap)
+            std::int64_t count;  // added stages of this type at most
+        };
+        std::vector<Option> ext;
+        bool ext_tp = false;
+        double bw_slot = 0, bw_all = 0, hbm_slot = 0, hbm_all = 0;
+        for (std::size_t p = p0; p < order_.size(); ++p) {
+            const std::int64_t t = order_[p];
+            const auto st = static_cast<std::size_t>(t);
+            const std::int64_t avail = gpus_[st].count / c.work.dp;
+            if (avail < 1) continue;
+            Option o;
+            o.count = std::min(avail, room);
+            double bw_t = 0;
+            for (std::size_t wi = 0; wi < widths_[st].size(); ++wi) {
+                const std::int64_t w = widths_[st][wi];
+                if (w > avail) break;
+                const std::int64_t cap = opt_.prune_memory ? c.max_layers[st][wi] : L;
+                if (cap < 1) continue;
+                const double bt = block_time(c, t, w);
+                o.widths.emplace_back(bt, cap);
+                t_min = std::min(t_min, bt);
+                t_max = std::max(t_max, bt);
+                if (w > 1) ext_tp = true;
+                bw_slot = std::max(bw_slot, stage_bw(c, t, w));
+                bw_t = std::max(bw_t, stage_bw(c, t, w) / d(w));
+                hbm_slot = std::max(hbm_slot, d(w) * gpus_[st].mem_bandwidth_gbs);
+            }
+            if (o.widths.empty()) continue;
+            bw_all += d(avail) * bw_t;
+            hbm_all += d(avail) * gpus_[st].mem_bandwidth_gbs;
+            ext.push_back(std::move(o));
+        }
+        if (ext.empty()) return kInf;
+        std::vector<std::pair<std::int64_t, std::int64_t>> vals;  // (blocks, stages)
+        auto feasible = [&](double tau) {
+            std::int64_t total = 0;
+            for (const Group& g : own) {
+                const auto fit = std::min<std::int64_t>(
+                    g.cap, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / g.t * (1 + 1e-12)))));
+                if (fit < 1) return false;
+                total += fit * g.count;
+            }
+            vals.clear();
+            for (const Option& o : ext) {
+                std::int64_t v = 0;
+                for (const auto& [bt, cap] : o.widths) {
+                    v = std::max<std::int64_t>(v, std::min<std::int64_t>(
+                        cap, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / bt * (1 + 1e-12))))));
+                }
+                if (v >= 1) vals.emplace_back(v, o.count);
+            }
+            if (vals.empty()) return false;  // a completion adds a stage, which needs a block
+            std::sort(vals.begin(), vals.end(), std::greater<>());
+            std::int64_t left = room;
+            for (const auto& [v, k] : vals) {
+                const std::int64_t take = std::min(left, k);
+                total += take * v;
+                left -= take;
+                if (total >= L || left == 0) break;
+            }
+            return total >= L;
+        };
+        if (!feasible(kInf)) return kInf;  // the stages' memory cannot hold the blocks
+        double lo = 0, hi = d(L) * t_max;
+        for (int it = 0; it < 64 && hi - lo > 1e-12 * hi; ++it) {
+            const double mid = 0.5 * (lo + hi);
+            if (feasible(mid)) hi = mid;
+            else lo = mid;
+        }
+        const double tau = lo;  // below the least feasible tau
+        double t_iter = M * tau;
+        if (c.work.schedule == Schedule::OneFOneB) {
+            const double q = ext_tp || n.tensor_parallel ? 1.0 + std::min(1.0, 2.0 * bwd_fwd_ratio_)
+                                                         : 1.0 + 2.0 * bwd_fwd_ratio_;
+            const double a = M - 1 - d(n.stages + room - 1) / q;
+            if (a > 0) t_iter = std::max(t_iter, d(L) * t_min + a * tau);
+        }
+        const double bw = n.sum_bw + std::min(bw_all, d(room) * bw_slot);
+        const double hbm = n.sum_hbm + std::min(hbm_all, d(room) * hbm_slot);
+        return t_iter + sync_bound(c, bw, hbm);
     }
 
     // Lower bound over completions that add stages of the type at order position p and
@@ -444,11 +611,6 @@ private:
         if (opt_.objective == Objective::Cost) return usd;
         if (usd > opt_.budget_usd * (1 + kSlack)) return kInf;
         return std::max(c.t0 / (n.rate + xmax), c.t0_blocks / (n.block_rate + xmax));
-    }
-
-    double bound(const Node& n) const {
-        const Combo& c = combos_[static_cast<std::size_t>(n.combo)];
-        return std::min(own_bound(n, c), ext_bound(n, c));
     }
 
     double threshold() const {  // the k-th best objective so far (under the lock)
@@ -624,7 +786,7 @@ private:
             }
         }
         // 2. Children: stages of one more type, at any later order position.
-        const double ext = ext_bound(node, c);
+        const double ext = node.ext_lb;
         if (!std::isfinite(ext) || beyond(ext, thr)) return;
         if (local.sw.check_now()) {
             // Out of time: what lies below this node stays open, bounded by its bound.
@@ -717,8 +879,12 @@ private:
         }
         ch.min_stage_rate = node.stages > 0 ? node.min_stage_rate : kInf;
         ch.tensor_parallel = node.tensor_parallel;
+        ch.sum_bw = node.sum_bw;
+        ch.sum_hbm = node.sum_hbm;
         for (std::size_t wi = 0; wi < ws.size(); ++wi) {
             if (counts[wi] > 0 && ws[wi] > 1) ch.tensor_parallel = true;
+            ch.sum_bw += d(counts[wi]) * stage_bw(c, t, ws[wi]);
+            ch.sum_hbm += d(counts[wi]) * d(ws[wi]) * gpus_[st].mem_bandwidth_gbs;
         }
         for (std::size_t wi = 0; wi < ws.size(); ++wi) {
             if (counts[wi] > 0) ch.min_stage_rate = std::min(ch.min_stage_rate, d(ws[wi]) * rate_[st]);
@@ -732,7 +898,8 @@ private:
         }
         ++local.s.nodes_generated;
         ch.own = own_bound(ch, c);
-        ch.lb = std::min(ch.own, ext_bound(ch, c));
+        ch.ext_lb = ext_bound(ch, c);
+        ch.lb = std::min(ch.own, ch.ext_lb);
         if (!std::isfinite(ch.lb)) {
             // Classify why nothing below this node can work.
             const auto q = static_cast<std::size_t>(ch.next);
@@ -819,7 +986,7 @@ private:
     const CostParams& params_;
     const Workload& job_;
     const SearchOptions& opt_;
-    std::vector<double> rate_, cap_, suffix_min_rate_;
+    std::vector<double> rate_, cap_, suffix_min_rate_, suffix_min_price_;
     double bwd_fwd_ratio_ = 1.0;   // least profile backward/forward ratio (1: analytic)
     double min_act_scale_ = 1.0;   // least profile activation factor, at most 1
     std::vector<std::vector<std::int64_t>> widths_, dominators_;
