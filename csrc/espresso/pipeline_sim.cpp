@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <deque>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -10,29 +10,30 @@ namespace espresso {
 
 namespace {
 
+struct Scratch {
+    std::vector<double> end_f, end_b, free_at;
+    std::vector<std::int64_t> next, work;
+    std::vector<char> queued;
+};
+
 struct Op {
     bool backward;
     std::int64_t mb;
 };
 
-// The fixed operation order of one stage.
-std::vector<Op> stage_ops(Schedule schedule, std::int64_t stage, std::int64_t P, std::int64_t M) {
-    std::vector<Op> ops;
-    ops.reserve(static_cast<std::size_t>(2 * M));
-    if (schedule == Schedule::GPipe) {
-        for (std::int64_t j = 0; j < M; ++j) ops.push_back({false, j});
-        for (std::int64_t j = 0; j < M; ++j) ops.push_back({true, j});
-        return ops;
-    }
-    // 1F1B (PipeDream-flush): warm-up forwards, steady one-forward-one-backward, cool-down.
+// Operation k of stage `stage` in its fixed order (computed, not stored: the placer runs
+// this simulation at every leaf). GPipe: all forwards, then all backwards. 1F1B
+// (PipeDream-flush): warm-up forwards, one forward one backward, cool-down backwards.
+inline Op stage_op(Schedule schedule, std::int64_t stage, std::int64_t P, std::int64_t M,
+                   std::int64_t k) {
+    if (schedule == Schedule::GPipe) return k < M ? Op{false, k} : Op{true, k - M};
     const std::int64_t warmup = std::min(P - stage - 1, M);
-    for (std::int64_t j = 0; j < warmup; ++j) ops.push_back({false, j});
-    for (std::int64_t j = 0; j < M - warmup; ++j) {
-        ops.push_back({false, warmup + j});
-        ops.push_back({true, j});
+    if (k < warmup) return {false, k};
+    if (k < 2 * M - warmup) {
+        const std::int64_t j = (k - warmup) / 2;
+        return (k - warmup) % 2 == 0 ? Op{false, warmup + j} : Op{true, j};
     }
-    for (std::int64_t j = M - warmup; j < M; ++j) ops.push_back({true, j});
-    return ops;
+    return {true, k - M};
 }
 
 void check_times(const std::vector<double>& v, const char* name) {
@@ -93,31 +94,64 @@ PipelineResult simulate_pipeline(const std::vector<double>& fwd_s,
     check_times(send_fwd_s, "send_fwd_s");
     check_times(send_bwd_s, "send_bwd_s");
 
+    PipelineResult r;
+    r.makespan_s = pipeline_makespan(fwd_s, bwd_s, send_fwd_s, send_bwd_s, M, schedule,
+                                     std::numeric_limits<double>::infinity());
+    r.busy_s.resize(static_cast<std::size_t>(P));
+    double busy_total = 0;
+    for (std::int64_t i = 0; i < P; ++i) {
+        const auto si = static_cast<std::size_t>(i);
+        r.busy_s[si] = static_cast<double>(M) * (fwd_s[si] + bwd_s[si]);
+        busy_total += r.busy_s[si];
+    }
+    // Clamped: rounding can push an idle-free pipeline a hair below zero.
+    r.bubble_fraction = r.makespan_s > 0
+                            ? std::max(0.0, 1.0 - busy_total / (static_cast<double>(P) * r.makespan_s))
+                            : 0.0;
+    return r;
+}
+
+double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
+                         const std::vector<double>& send_fwd_s,
+                         const std::vector<double>& send_bwd_s, std::int64_t num_microbatches,
+                         Schedule schedule, double abort_above) {
+    const std::int64_t P = static_cast<std::int64_t>(fwd_s.size());
+    const std::int64_t M = num_microbatches;
     const auto idx = [M](std::int64_t i, std::int64_t j) {
         return static_cast<std::size_t>(i * M + j);
     };
     const std::size_t cells = static_cast<std::size_t>(P * M);
-    std::vector<double> end_f(cells, -1.0), end_b(cells, -1.0);
-    std::vector<std::vector<Op>> ops(static_cast<std::size_t>(P));
-    for (std::int64_t i = 0; i < P; ++i) ops[static_cast<std::size_t>(i)] = stage_ops(schedule, i, P, M);
-    std::vector<std::size_t> next(static_cast<std::size_t>(P), 0);
-    std::vector<double> free_at(static_cast<std::size_t>(P), 0.0);
-
+    const auto sP = static_cast<std::size_t>(P);
+    // Scratch reused across calls on this thread (no allocation per simulation).
+    thread_local Scratch tls;
+    Scratch& sc = tls;  // one thread-local lookup, not one per access
+    std::vector<double>& end_f = sc.end_f;
+    std::vector<double>& end_b = sc.end_b;
+    std::vector<double>& free_at = sc.free_at;
+    std::vector<std::int64_t>& next = sc.next;
+    std::vector<std::int64_t>& work = sc.work;
+    std::vector<char>& queued = sc.queued;
+    end_f.assign(cells, -1.0);
+    end_b.assign(cells, -1.0);
+    free_at.assign(sP, 0.0);
+    next.assign(sP, 0);
+    queued.assign(sP, 1);
+    work.clear();
     // Work list of stages that may be able to advance; a stage that advances wakes its
-    // neighbours, so every operation is scheduled exactly once.
-    std::deque<std::int64_t> work;
-    std::vector<char> queued(static_cast<std::size_t>(P), 1);
-    for (std::int64_t i = 0; i < P; ++i) work.push_back(i);
+    // neighbours, so every operation is scheduled exactly once (in each stage's fixed order,
+    // so the times do not depend on the order stages are visited).
+    for (std::int64_t i = P; i-- > 0;) work.push_back(i);
     std::int64_t done = 0;
     const std::int64_t total = 2 * P * M;
+    const std::int64_t ops_per_stage = 2 * M;
     while (!work.empty()) {
-        const std::int64_t i = work.front();
-        work.pop_front();
+        const std::int64_t i = work.back();
+        work.pop_back();
         const auto si = static_cast<std::size_t>(i);
         queued[si] = 0;
         bool advanced = false;
-        while (next[si] < ops[si].size()) {
-            const Op op = ops[si][next[si]];
+        while (next[si] < ops_per_stage) {
+            const Op op = stage_op(schedule, i, P, M, next[si]);
             double ready;
             if (!op.backward) {
                 if (i == 0) {
@@ -140,6 +174,7 @@ PipelineResult simulate_pipeline(const std::vector<double>& fwd_s,
             const double end = start + (op.backward ? bwd_s[si] : fwd_s[si]);
             (op.backward ? end_b : end_f)[idx(i, op.mb)] = end;
             free_at[si] = end;
+            if (end > abort_above) return std::numeric_limits<double>::infinity();
             ++next[si];
             ++done;
             advanced = true;
@@ -157,20 +192,12 @@ PipelineResult simulate_pipeline(const std::vector<double>& fwd_s,
         throw std::logic_error("pipeline simulation deadlocked (internal error)");
     }
 
-    PipelineResult r;
-    r.busy_s.resize(static_cast<std::size_t>(P));
-    double busy_total = 0;
-    for (std::int64_t i = 0; i < P; ++i) {
-        const auto si = static_cast<std::size_t>(i);
-        r.makespan_s = std::max(r.makespan_s, free_at[si]);
-        r.busy_s[si] = static_cast<double>(M) * (fwd_s[si] + bwd_s[si]);
-        busy_total += r.busy_s[si];
+    if (done != total) {
+        throw std::logic_error("pipeline simulation deadlocked (internal error)");
     }
-    // Clamped: rounding can push an idle-free pipeline a hair below zero.
-    r.bubble_fraction = r.makespan_s > 0
-                            ? std::max(0.0, 1.0 - busy_total / (static_cast<double>(P) * r.makespan_s))
-                            : 0.0;
-    return r;
+    double makespan = 0;
+    for (const double f : free_at) makespan = std::max(makespan, f);
+    return makespan;
 }
 
 }  // namespace espresso

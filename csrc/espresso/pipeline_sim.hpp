@@ -31,6 +31,14 @@ PipelineResult simulate_pipeline(const std::vector<double>& fwd_s,
                                  const std::vector<double>& send_bwd_s,
                                  std::int64_t num_microbatches, Schedule schedule);
 
+// The makespan alone, for the placer's leaves: stops early, returning +infinity, once some
+// stage is busy beyond `abort_above` (the makespan can only be larger). Inputs as above,
+// already checked.
+double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
+                         const std::vector<double>& send_fwd_s,
+                         const std::vector<double>& send_bwd_s, std::int64_t num_microbatches,
+                         Schedule schedule, double abort_above);
+
 // The closed form sum(f+b) + (M-1) * max(f+b): equal to the simulation for uniform
 // stages and free transfers, and a lower bound of GPipe's makespan.
 double closed_form_s(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,

@@ -413,8 +413,12 @@ private:
             b[si] = b_[cl];
             if (i > 0) c[si - 1] = send(seq_group_[si - 1], seq_group_[si]);
         }
-        const PipelineResult pipe = simulate_pipeline(f, b, c, c, M_, work_.schedule);
-        const double iter = pipe.makespan_s + armax + optmax;
+        // Leaves beyond the best so far (or the cutoff) stop simulating early; the slack keeps
+        // every leaf within rounding of the limit exact.
+        const double limit = std::min(opt_.cutoff_s, best_iter_) - armax - optmax;
+        const double makespan = pipeline_makespan(f, b, c, c, M_, work_.schedule,
+                                                  limit + 1e-9 * std::abs(limit) + 1e-300);
+        const double iter = makespan + armax + optmax;
         if (iter <= opt_.cutoff_s && iter < best_iter_) {
             best_iter_ = iter;
             best_group_ = seq_group_;

@@ -85,6 +85,16 @@ struct Combo {
     // Most blocks one stage of (type, width index) can hold: a middle stage with a single
     // micro-batch in flight, the most lenient position (an upper bound for every position).
     std::vector<std::vector<std::int64_t>> max_layers;
+    // Per type, for the completion bound: (block time, memory limit) of each width the
+    // type's per-replica GPUs allow, the largest tp * DP link GB/s and tp * memory GB/s of
+    // one stage, and of all its GPUs.
+    struct Option {
+        std::vector<std::pair<double, std::int64_t>> widths;
+        std::int64_t avail = 0;
+        bool tp = false;
+        double bw_slot = 0, bw_all = 0, hbm_slot = 0, hbm_all = 0, t_min = kInf, t_max = 0;
+    };
+    std::vector<Option> options;
 };
 
 // A total order on plans with equal objective, so the answer never depends on timing.
@@ -300,11 +310,40 @@ private:
                             c.max_layers[st].push_back(lo);
                         }
                     }
+                    prepare_options(c);
                     combos_.push_back(std::move(c));
                 }
             }
         }
         stats_.combos = static_cast<std::int64_t>(combos_.size());
+    }
+
+    void prepare_options(Combo& c) const {
+        const std::int64_t L = model_.num_layers;
+        c.options.resize(gpus_.size());
+        for (const std::int64_t t : order_) {
+            const auto st = static_cast<std::size_t>(t);
+            Combo::Option& o = c.options[st];
+            o.avail = gpus_[st].count / c.work.dp;
+            if (o.avail < 1) continue;
+            double bw_gpu = 0;
+            for (std::size_t wi = 0; wi < widths_[st].size(); ++wi) {
+                const std::int64_t w = widths_[st][wi];
+                if (w > o.avail) break;
+                const std::int64_t cap = opt_.prune_memory ? c.max_layers[st][wi] : L;
+                if (cap < 1) continue;
+                const double bt = block_time(c, t, w);
+                o.widths.emplace_back(bt, cap);
+                o.t_min = std::min(o.t_min, bt);
+                o.t_max = std::max(o.t_max, bt);
+                if (w > 1) o.tp = true;
+                o.bw_slot = std::max(o.bw_slot, stage_bw(c, t, w));
+                bw_gpu = std::max(bw_gpu, stage_bw(c, t, w) / d(w));
+                o.hbm_slot = std::max(o.hbm_slot, d(w) * gpus_[st].mem_bandwidth_gbs);
+            }
+            o.bw_all = d(o.avail) * bw_gpu;
+            o.hbm_all = d(o.avail) * gpus_[st].mem_bandwidth_gbs;
+        }
     }
 
     // ------------------------------------------------------------------ bounds
@@ -501,39 +540,20 @@ private:
             t_min = std::min(t_min, t);
             t_max = std::max(t_max, t);
         }
-        struct Option {
-            std::vector<std::pair<double, std::int64_t>> widths;  // (block time, cap)
-            std::int64_t count;  // added stages of this type at most
-        };
-        std::vector<Option> ext;
+        std::vector<const Combo::Option*> ext;
         bool ext_tp = false;
         double bw_slot = 0, bw_all = 0, hbm_slot = 0, hbm_all = 0;
         for (std::size_t p = p0; p < order_.size(); ++p) {
-            const std::int64_t t = order_[p];
-            const auto st = static_cast<std::size_t>(t);
-            const std::int64_t avail = gpus_[st].count / c.work.dp;
-            if (avail < 1) continue;
-            Option o;
-            o.count = std::min(avail, room);
-            double bw_t = 0;
-            for (std::size_t wi = 0; wi < widths_[st].size(); ++wi) {
-                const std::int64_t w = widths_[st][wi];
-                if (w > avail) break;
-                const std::int64_t cap = opt_.prune_memory ? c.max_layers[st][wi] : L;
-                if (cap < 1) continue;
-                const double bt = block_time(c, t, w);
-                o.widths.emplace_back(bt, cap);
-                t_min = std::min(t_min, bt);
-                t_max = std::max(t_max, bt);
-                if (w > 1) ext_tp = true;
-                bw_slot = std::max(bw_slot, stage_bw(c, t, w));
-                bw_t = std::max(bw_t, stage_bw(c, t, w) / d(w));
-                hbm_slot = std::max(hbm_slot, d(w) * gpus_[st].mem_bandwidth_gbs);
-            }
+            const Combo::Option& o = c.options[static_cast<std::size_t>(order_[p])];
             if (o.widths.empty()) continue;
-            bw_all += d(avail) * bw_t;
-            hbm_all += d(avail) * gpus_[st].mem_bandwidth_gbs;
-            ext.push_back(std::move(o));
+            ext.push_back(&o);
+            t_min = std::min(t_min, o.t_min);
+            t_max = std::max(t_max, o.t_max);
+            ext_tp = ext_tp || o.tp;
+            bw_slot = std::max(bw_slot, o.bw_slot);
+            hbm_slot = std::max(hbm_slot, o.hbm_slot);
+            bw_all += o.bw_all;
+            hbm_all += o.hbm_all;
         }
         if (ext.empty()) return kInf;
         std::vector<std::pair<std::int64_t, std::int64_t>> vals;  // (blocks, stages)
@@ -546,13 +566,13 @@ private:
                 total += fit * g.count;
             }
             vals.clear();
-            for (const Option& o : ext) {
+            for (const Combo::Option* o : ext) {
                 std::int64_t v = 0;
-                for (const auto& [bt, cap] : o.widths) {
+                for (const auto& [bt, cap] : o->widths) {
                     v = std::max<std::int64_t>(v, std::min<std::int64_t>(
                         cap, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / bt * (1 + 1e-12))))));
                 }
-                if (v >= 1) vals.emplace_back(v, o.count);
+                if (v >= 1) vals.emplace_back(v, std::min(o->avail, room));
             }
             if (vals.empty()) return false;  // a completion adds a stage, which needs a block
             std::sort(vals.begin(), vals.end(), std::greater<>());
@@ -567,7 +587,8 @@ private:
         };
         if (!feasible(kInf)) return kInf;  // the stages' memory cannot hold the blocks
         double lo = 0, hi = d(L) * t_max;
-        for (int it = 0; it < 64 && hi - lo > 1e-12 * hi; ++it) {
+        // Bisection to 0.1%: lo stays infeasible, so it is a lower bound at any precision.
+        for (int it = 0; it < 64 && hi - lo > 1e-3 * hi; ++it) {
             const double mid = 0.5 * (lo + hi);
             if (feasible(mid)) hi = mid;
             else lo = mid;
