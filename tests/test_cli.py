@@ -95,3 +95,79 @@ def test_console_script_runs() -> None:
     r = subprocess.run([sys.executable, "-m", "espresso.cli", "--version"], capture_output=True,
                        text=True, check=False)
     assert r.returncode == 0 and "espresso" in r.stdout
+
+
+PLAN_7B = ["plan", "--model", "llama2-7b", "--tokens", "2e10", "--deadline", "7d"]
+
+
+def test_plan_json_is_deterministic(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The plan file holds the plan and its estimate only: byte for byte the same on every
+    run and thread count; --stats adds the search statistics."""
+    outs = []
+    for i, threads in enumerate(("1", "2", "2")):
+        out = tmp_path / f"p{i}.json"
+        assert main([*PLAN_7B, "--threads", threads, "--json", str(out)]) == 0
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1] == outs[2]
+    assert "stats" not in json.loads(outs[0])
+    with_stats = tmp_path / "s.json"
+    assert main([*PLAN_7B, "--json", str(with_stats), "--stats"]) == 0
+    data = json.loads(with_stats.read_text())
+    assert data["stats"]["gap"] == 0.0 and data["stats"]["nodes_expanded"] > 0
+    assert es.Plan.from_json(with_stats).estimate == es.Plan.from_json(tmp_path / "p0.json").estimate
+    capsys.readouterr()
+
+
+def test_estimate_missed_deadline_is_infeasible(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    d = json.loads(EXAMPLE.read_text())
+    d["job"]["deadline_hours"] = 1.0
+    p = tmp_path / "late.json"
+    p.write_text(json.dumps(d))
+    assert main(["estimate", str(p)]) == 1
+    out = capsys.readouterr().out
+    assert "Feasible: no" in out and "meets the deadline: no" in out
+    assert "Feasible: yes" not in out
+    assert "does not meet the deadline" in out
+
+
+def test_budget_plan_compares_on_time(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*PLAN_7B, "--budget", "3000", "--time-limit", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "saves -" not in out
+    assert "faster" in out or "already uses one type" in out or "slower" in out
+
+
+def test_top_k_prints_k_plans(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*PLAN_7B, "--top-k", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "The 3 best plans" in out
+    rows = [line for line in out.splitlines() if line.startswith("│ ") and "$" in line
+            and "x" in line and line.split("│")[1].strip() in {"1", "2", "3"}]
+    assert len(rows) == 3
+    assert main([*PLAN_7B, "--top-k", "0"]) == 2
+    assert "top_k" in capsys.readouterr().err
+
+
+def test_huge_deadline_reads_well(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "llama2-7b", "--tokens", "2e10", "--deadline", "1e30"]) == 0
+    out = capsys.readouterr().out
+    assert "years" in out
+    assert not any(len(tok.replace(",", "")) > 20 and tok.replace(",", "").isdigit()
+                   for tok in out.replace("(", " ").replace(")", " ").split())
+
+
+def test_time_limit_is_the_commands_wall_clock(capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    assert "default 60 s" in " ".join(
+        __import__("espresso.cli", fromlist=["build_parser"]).build_parser()
+        ._subparsers._group_actions[0].choices["plan"].format_help().split())
+    t = time.monotonic()
+    code = main(["plan", "--model", "llama2-7b", "--tokens", "2e11", "--deadline", "2d",
+                 "--time-limit", "3", "--threads", "2"])
+    assert time.monotonic() - t < 3 + 10  # hang guard, generous on a noisy machine
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "no plan meets the deadline of 48.0 h" in out
+    assert "fastest plan" in out
