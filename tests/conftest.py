@@ -4,8 +4,15 @@ hand calculations in the tests stay readable."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 import espresso as es
+
+# Hypothesis profiles: "ci" (the default) keeps the property tests bounded; "long" is the
+# soak run of docs/development.md (pytest -m fuzz --hypothesis-profile long).
+settings.register_profile("ci", max_examples=25, deadline=None, print_blob=True)
+settings.register_profile("long", max_examples=2000, deadline=None, print_blob=True)
+settings.load_profile("ci")
 
 
 @pytest.fixture
