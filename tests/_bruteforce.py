@@ -36,9 +36,12 @@ def multisets(groups: list[tuple[str, int]], max_len: int) -> Iterator[tuple[tup
 def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[int, ...] = (1, 2),
                 recompute: tuple[str, ...] = ("none", "full"), max_stages: int = 4,
                 max_tp: int = 8, cost_model: es.CostParams | None = None,
-                profiles: dict[str, es.Profile] | None = None,
+                profiles: dict[str, es.Profile] | None = None, objective: str = "cost",
+                budget_usd: float = math.inf,
                 ) -> tuple[float, es.Plan | None, int]:
-    """(best cost, best plan, plans estimated); cost is inf when nothing is feasible."""
+    """(best objective, best plan, plans estimated); inf when nothing is feasible. ``cost``:
+    least USD meeting the deadline; ``time``: least hours within ``budget_usd`` (deadline
+    ignored)."""
     model = job.model
     groups = [(g.name, w) for g in catalog for w in widths(model, g, max_tp)]
     best, best_plan, count = math.inf, None, 0
@@ -71,6 +74,11 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                                                      if any(st.gpu == g for st in stages)})
                             est = es.estimate(plan, catalog)
                             count += 1
-                            if est.feasible and est.meets_deadline and est.total_usd < best:
-                                best, best_plan = est.total_usd, plan
+                            if not est.feasible:
+                                continue
+                            if objective == "cost":
+                                if est.meets_deadline and est.total_usd < best:
+                                    best, best_plan = est.total_usd, plan
+                            elif est.total_usd <= budget_usd and est.total_hours < best:
+                                best, best_plan = est.total_hours, plan
     return best, best_plan, count

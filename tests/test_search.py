@@ -71,6 +71,35 @@ def test_search_equals_brute_force(seed: int, max_stages: int) -> None:
         assert got == pytest.approx(expected, rel=1e-9), plan
 
 
+@pytest.mark.parametrize("seed", range(60))
+def test_time_objective_equals_brute_force(seed: int) -> None:
+    """The fastest plan (prices play no part, types ordered by speed, dominance without the
+    price condition) and the fastest within a budget, against the brute force."""
+    job, catalog = random_instance(seed, 2)
+    fastest, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=2,
+                                   max_tp=2, cost_model=COST, objective="time")
+    r = es.search(job, catalog, objective="time", max_stages=2, **SMALL)  # type: ignore[arg-type]
+    assert r.stats.complete
+    if math.isinf(fastest):
+        assert not r.plans
+        return
+    assert r.plans[0].estimate.total_hours == pytest.approx(fastest, rel=1e-9), plan  # type: ignore[union-attr]
+    # A budget a little above the fastest plan's cost (or below it) changes the answer.
+    cost = r.plans[0].estimate.total_usd  # type: ignore[union-attr]
+    for budget in (cost * 0.7, cost * 1.01):
+        if budget <= 0:
+            continue
+        want, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=2,
+                                    max_tp=2, cost_model=COST, objective="time",
+                                    budget_usd=budget)
+        rb = es.search(job, catalog, objective="time", budget_usd=budget, max_stages=2,
+                       **SMALL)  # type: ignore[arg-type]
+        assert rb.stats.complete
+        got = rb.plans[0].estimate.total_hours if rb.plans else math.inf  # type: ignore[union-attr]
+        assert got == pytest.approx(want, rel=1e-9) or (math.isinf(got) and math.isinf(want)), \
+            (budget, plan)
+
+
 def test_instances_are_not_trivial() -> None:
     """Across the random instances, memory and the deadline both bind sometimes and the
     optimum mixes GPU types sometimes: the comparison above exercises the hard cases."""

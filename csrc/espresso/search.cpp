@@ -72,6 +72,7 @@ struct NodeOrder {
 struct Combo {
     Workload work;
     double flops_mb = 0;     // FLOPs of one micro-batch through the whole model, fwd + bwd
+    double head_flops = 0;   // FLOPs of the LM head for one micro-batch, fwd + bwd
     double block_flops = 0;  // FLOPs of one block for one micro-batch, fwd + bwd (+ recompute)
     double c0_blocks = 0, t0_blocks = 0, block_rate_min = 0;  // the same, blocks only
     double c0 = 0;           // cost = c0 * price / rate at best (cost objective)
@@ -90,6 +91,7 @@ struct Combo {
     // one stage, and of all its GPUs.
     struct Option {
         std::vector<std::pair<double, std::int64_t>> widths;
+        std::vector<double> head;  // the LM head's time on a stage of that width
         std::int64_t avail = 0;
         bool tp = false;
         double bw_slot = 0, bw_all = 0, hbm_slot = 0, hbm_all = 0, t_min = kInf, t_max = 0;
@@ -190,9 +192,11 @@ private:
             }
         }
         // Cheapest effective FLOP/s first; dominating types before the ones they dominate.
+        // For the fastest plan without a budget, prices do not matter: fastest first.
+        time_only_ = opt_.objective == Objective::Time && !std::isfinite(opt_.budget_usd);
         std::stable_sort(order_.begin(), order_.end(), [&](std::int64_t a, std::int64_t b) {
-            const double ra = gpus_[static_cast<std::size_t>(a)].price_per_hour / rate_[static_cast<std::size_t>(a)];
-            const double rb = gpus_[static_cast<std::size_t>(b)].price_per_hour / rate_[static_cast<std::size_t>(b)];
+            const double ra = time_only_ ? 0.0 : gpus_[static_cast<std::size_t>(a)].price_per_hour / rate_[static_cast<std::size_t>(a)];
+            const double rb = time_only_ ? 0.0 : gpus_[static_cast<std::size_t>(b)].price_per_hour / rate_[static_cast<std::size_t>(b)];
             if (ra != rb) return ra < rb;
             if (rate_[static_cast<std::size_t>(a)] != rate_[static_cast<std::size_t>(b)]) return rate_[static_cast<std::size_t>(a)] > rate_[static_cast<std::size_t>(b)];
             return cap_[static_cast<std::size_t>(a)] > cap_[static_cast<std::size_t>(b)];
@@ -229,7 +233,8 @@ private:
                cap_[static_cast<std::size_t>(i)] >= cap_[static_cast<std::size_t>(j)] &&
                a.mem_bandwidth_gbs >= b.mem_bandwidth_gbs && a.intra_node_gbs >= b.intra_node_gbs &&
                a.inter_node_gbs >= b.inter_node_gbs && a.intra_node_gbs >= b.inter_node_gbs &&
-               a.gpus_per_node >= b.gpus_per_node && a.price_per_hour <= b.price_per_hour;
+               a.gpus_per_node >= b.gpus_per_node &&
+               (time_only_ || a.price_per_hour <= b.price_per_hour);
     }
 
     void prepare_combos(Stopwatch& sw) {
@@ -253,6 +258,7 @@ private:
                     const double head = head_fwd_flops(model_, job_.seq_len, b);
                     c.flops_mb = L * blk * (rc == Recompute::Full ? 4.0 : 3.0) + 3.0 * head;
                     c.block_flops = blk * (rc == Recompute::Full ? 4.0 : 3.0);
+                    c.head_flops = 3.0 * head;
                     const double iter_flops = d(c.work.num_microbatches) * c.flops_mb;
                     c.c0 = job_.iterations / 3600.0 * d(dp) * iter_flops;
                     c.t0 = job_.iterations / 3600.0 * iter_flops;
@@ -334,6 +340,7 @@ private:
                 if (cap < 1) continue;
                 const double bt = block_time(c, t, w);
                 o.widths.emplace_back(bt, cap);
+                o.head.push_back(head_time(c, t, w));
                 o.t_min = std::min(o.t_min, bt);
                 o.t_max = std::max(o.t_max, bt);
                 if (w > 1) o.tp = true;
@@ -432,7 +439,44 @@ private:
             }
             best = std::min(best, d(lo) * g.t);
         }
-        return best * (1 - 1e-12);
+        if (!std::isfinite(best)) return kInf;
+        // The last stage also runs the LM head: at tau, the stage that carries it holds only
+        // what fits in tau - head time. Whichever stage that is, the blocks held fall by at
+        // least the smallest such loss; bisect for the least tau that still holds L blocks.
+        std::vector<double> heads;
+        for (const Choice& ch : n.choices) heads.push_back(head_time(c, ch.type, ch.tp));
+        auto with_head = [&](double tau) {
+            std::int64_t total = 0, loss = std::numeric_limits<std::int64_t>::max();
+            for (std::size_t i = 0; i < gs.size(); ++i) {
+                const G& g = gs[i];
+                const auto fit = std::min<std::int64_t>(
+                    g.cap, static_cast<std::int64_t>(std::floor(tau / g.t * (1 + 1e-12))));
+                if (fit < 1) return false;
+                total += fit * g.count;
+                const double rest = tau - heads[i];
+                const auto fit_h = rest <= 0 ? 0 : std::min<std::int64_t>(
+                    g.cap, static_cast<std::int64_t>(std::floor(rest / g.t * (1 + 1e-12))));
+                if (fit_h >= 1) loss = std::min(loss, fit - fit_h);
+            }
+            return loss != std::numeric_limits<std::int64_t>::max() && total - loss >= L;
+        };
+        double lo = best * (1 - 1e-12);
+        if (with_head(lo)) return lo;
+        double hi = lo;
+        for (std::size_t i = 0; i < gs.size(); ++i) hi = std::max(hi, d(L) * gs[i].t + heads[i]);
+        if (!with_head(hi)) return lo;  // cannot happen: one stage can take all
+        for (int it = 0; it < 64 && hi - lo > 1e-4 * hi; ++it) {
+            const double mid = 0.5 * (lo + hi);
+            if (with_head(mid)) hi = mid;
+            else lo = mid;
+        }
+        return lo;
+    }
+
+    // The LM head's forward and backward on a stage of `tp` GPUs of `type`, at the type's
+    // fastest rate (no TP all-reduce is charged for it: a lower bound).
+    double head_time(const Combo& c, std::int64_t type, std::int64_t tp) const {
+        return c.head_flops / (d(tp) * rate_[static_cast<std::size_t>(type)]);
     }
 
     double own_bound(const Node& n, const Combo& c) const {
@@ -528,17 +572,20 @@ private:
         struct Group {
             double t;
             std::int64_t cap, count;
+            double head;
         };
         std::vector<Group> own;
-        double t_min = kInf, t_max = 0;
+        double t_min = kInf, t_max = 0, head_max = 0;
         for (const Choice& ch : n.choices) {
             const auto st = static_cast<std::size_t>(ch.type);
             const auto& ws = widths_[st];
             const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
             const double t = block_time(c, ch.type, ch.tp);
-            own.push_back({t, opt_.prune_memory ? c.max_layers[st][wi] : L, ch.count});
+            const double h = head_time(c, ch.type, ch.tp);
+            own.push_back({t, opt_.prune_memory ? c.max_layers[st][wi] : L, ch.count, h});
             t_min = std::min(t_min, t);
             t_max = std::max(t_max, t);
+            head_max = std::max(head_max, h);
         }
         std::vector<const Combo::Option*> ext;
         bool ext_tp = false;
@@ -554,26 +601,41 @@ private:
             hbm_slot = std::max(hbm_slot, o.hbm_slot);
             bw_all += o.bw_all;
             hbm_all += o.hbm_all;
+            for (const double h : o.head) head_max = std::max(head_max, h);
         }
         if (ext.empty()) return kInf;
         std::vector<std::pair<std::int64_t, std::int64_t>> vals;  // (blocks, stages)
-        auto feasible = [&](double tau) {
-            std::int64_t total = 0;
+        auto fits = [](double tau, double t, std::int64_t cap) -> std::int64_t {
+            if (tau <= 0) return 0;
+            return std::min<std::int64_t>(
+                cap, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / t * (1 + 1e-12)))));
+        };
+        // As in the node's own bound, one stage also runs the LM head; which one is free in
+        // this relaxation, so the blocks fall by the least loss over every candidate stage.
+        auto feasible = [&](double tau, bool head) {
+            std::int64_t total = 0, loss = head ? std::numeric_limits<std::int64_t>::max() : 0;
             for (const Group& g : own) {
-                const auto fit = std::min<std::int64_t>(
-                    g.cap, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / g.t * (1 + 1e-12)))));
+                const std::int64_t fit = fits(tau, g.t, g.cap);
                 if (fit < 1) return false;
                 total += fit * g.count;
+                if (head) {
+                    const std::int64_t fit_h = fits(tau - g.head, g.t, g.cap);
+                    if (fit_h >= 1) loss = std::min(loss, fit - fit_h);
+                }
             }
             vals.clear();
             for (const Combo::Option* o : ext) {
-                std::int64_t v = 0;
-                for (const auto& [bt, cap] : o->widths) {
-                    v = std::max<std::int64_t>(v, std::min<std::int64_t>(
-                        cap, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / bt * (1 + 1e-12))))));
+                std::int64_t v = 0, v_h = 0;
+                for (std::size_t wi = 0; wi < o->widths.size(); ++wi) {
+                    const auto& [bt, cap] = o->widths[wi];
+                    v = std::max(v, fits(tau, bt, cap));
+                    if (head) v_h = std::max(v_h, fits(tau - o->head[wi], bt, cap));
                 }
                 if (v >= 1) vals.emplace_back(v, std::min(o->avail, room));
+                if (head && v_h >= 1) loss = std::min(loss, v - v_h);
             }
+            if (loss == std::numeric_limits<std::int64_t>::max()) return false;
+            total -= loss;
             if (vals.empty()) return false;  // a completion adds a stage, which needs a block
             std::sort(vals.begin(), vals.end(), std::greater<>());
             std::int64_t left = room;
@@ -585,12 +647,13 @@ private:
             }
             return total >= L;
         };
-        if (!feasible(kInf)) return kInf;  // the stages' memory cannot hold the blocks
-        double lo = 0, hi = d(L) * t_max;
+        if (!feasible(kInf, false)) return kInf;  // the stages' memory cannot hold the blocks
+        double lo = 0, hi = d(L) * t_max + head_max;
+        const bool head = feasible(hi, true);  // always, unless rounding says otherwise
         // Bisection to 0.1%: lo stays infeasible, so it is a lower bound at any precision.
         for (int it = 0; it < 64 && hi - lo > 1e-3 * hi; ++it) {
             const double mid = 0.5 * (lo + hi);
-            if (feasible(mid)) hi = mid;
+            if (feasible(mid, head)) hi = mid;
             else lo = mid;
         }
         const double tau = lo;  // below the least feasible tau
@@ -1008,6 +1071,7 @@ private:
     const Workload& job_;
     const SearchOptions& opt_;
     std::vector<double> rate_, cap_, suffix_min_rate_, suffix_min_price_;
+    bool time_only_ = false;       // time objective without a budget: prices play no part
     double bwd_fwd_ratio_ = 1.0;   // least profile backward/forward ratio (1: analytic)
     double min_act_scale_ = 1.0;   // least profile activation factor, at most 1
     std::vector<std::vector<std::int64_t>> widths_, dominators_;
