@@ -67,7 +67,7 @@ def _norm(lines: list[str]) -> list[str]:
             else "Search: ..." + line.rsplit(";", 1)[-1] for line in lines if line.strip()]
 
 
-@pytest.mark.parametrize("argv,expected", [
+@pytest.mark.parametrize(("argv", "expected"), [
     pytest.param(a, e, id=" ".join(a[:3])) for a, e in _console_examples()])
 def test_readme_console_examples(argv: list[str], expected: list[str],
                                  monkeypatch: pytest.MonkeyPatch,

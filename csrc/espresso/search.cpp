@@ -439,38 +439,7 @@ private:
             }
             best = std::min(best, d(lo) * g.t);
         }
-        if (!std::isfinite(best)) return kInf;
-        // The last stage also runs the LM head: at tau, the stage that carries it holds only
-        // what fits in tau - head time. Whichever stage that is, the blocks held fall by at
-        // least the smallest such loss; bisect for the least tau that still holds L blocks.
-        std::vector<double> heads;
-        for (const Choice& ch : n.choices) heads.push_back(head_time(c, ch.type, ch.tp));
-        auto with_head = [&](double tau) {
-            std::int64_t total = 0, loss = std::numeric_limits<std::int64_t>::max();
-            for (std::size_t i = 0; i < gs.size(); ++i) {
-                const G& g = gs[i];
-                const auto fit = std::min<std::int64_t>(
-                    g.cap, static_cast<std::int64_t>(std::floor(tau / g.t * (1 + 1e-12))));
-                if (fit < 1) return false;
-                total += fit * g.count;
-                const double rest = tau - heads[i];
-                const auto fit_h = rest <= 0 ? 0 : std::min<std::int64_t>(
-                    g.cap, static_cast<std::int64_t>(std::floor(rest / g.t * (1 + 1e-12))));
-                if (fit_h >= 1) loss = std::min(loss, fit - fit_h);
-            }
-            return loss != std::numeric_limits<std::int64_t>::max() && total - loss >= L;
-        };
-        double lo = best * (1 - 1e-12);
-        if (with_head(lo)) return lo;
-        double hi = lo;
-        for (std::size_t i = 0; i < gs.size(); ++i) hi = std::max(hi, d(L) * gs[i].t + heads[i]);
-        if (!with_head(hi)) return lo;  // cannot happen: one stage can take all
-        for (int it = 0; it < 64 && hi - lo > 1e-4 * hi; ++it) {
-            const double mid = 0.5 * (lo + hi);
-            if (with_head(mid)) hi = mid;
-            else lo = mid;
-        }
-        return lo;
+        return best * (1 - 1e-12);
     }
 
     // The LM head's forward and backward on a stage of `tp` GPUs of `type`, at the type's
