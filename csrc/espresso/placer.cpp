@@ -100,8 +100,10 @@ private:
             states *= count_[static_cast<std::size_t>(j)] + 1;
             if (states > opt_.memo_limit) break;
         }
-        const double memo_cells = static_cast<double>(states) * static_cast<double>(L_ + 1) *
-                                  static_cast<double>(k_ + 1);
+        // The completion bounds are memoised over (remaining multiset, first block) only: the
+        // transfer into each remaining stage is taken at its least over every possible
+        // predecessor, which keeps them lower bounds and the tables k+1 times smaller.
+        const double memo_cells = static_cast<double>(states) * static_cast<double>(L_ + 1);
         use_memo_ = memo_cells <= static_cast<double>(opt_.memo_limit);
         if (use_memo_) {
             memo_.assign(static_cast<std::size_t>(memo_cells), -1.0);
@@ -180,12 +182,15 @@ private:
                            static_cast<double>(work_.micro_batch_size) *
                            static_cast<double>(model_.hidden_size) * params_.bytes_per_activation;
         send_.assign(static_cast<std::size_t>(k_ * k_), 0.0);
+        min_in_.assign(static_cast<std::size_t>(k_), kInf);
         for (std::int64_t a = 0; a < k_; ++a) {
             for (std::int64_t c = 0; c < k_; ++c) {
                 send_[static_cast<std::size_t>(a * k_ + c)] =
                     send_s(gpus_[static_cast<std::size_t>(distinct_[static_cast<std::size_t>(a)].gpu)],
                            gpus_[static_cast<std::size_t>(distinct_[static_cast<std::size_t>(c)].gpu)],
                            one_node_, msg, params_);
+                min_in_[static_cast<std::size_t>(c)] =
+                    std::min(min_in_[static_cast<std::size_t>(c)], send_[static_cast<std::size_t>(a * k_ + c)]);
             }
         }
     }
@@ -213,10 +218,16 @@ private:
         return send_[static_cast<std::size_t>(from * k_ + to)];
     }
 
+    // The least transfer into a stage of group `to` from any group (0 for the first stage).
+    double send_in(std::int64_t from, std::int64_t to) const {
+        if (from >= k_) return 0.0;
+        return min_in_[static_cast<std::size_t>(to)];
+    }
+
     // Lower bound on max_k [prefix_k + M w_k] over the stages from `pos` on, measured from the
     // end of stage pos-1 (group `prev`), with the multiset `idx` of groups left to place.
     double bound_rest(std::int64_t left, std::int64_t l, std::int64_t prev, std::int64_t idx) {
-        const std::size_t key = static_cast<std::size_t>((idx * (L_ + 1) + l) * (k_ + 1) + prev);
+        const std::size_t key = static_cast<std::size_t>(idx * (L_ + 1) + l);
         if (memo_[key] >= 0) return memo_[key];
         if (sw_.expired()) throw TimeUp{};
         const std::int64_t pos = P_ - left;
@@ -224,7 +235,7 @@ private:
         for (std::int64_t j = 0; j < k_; ++j) {
             const auto sj = static_cast<std::size_t>(j);
             if (remaining_[sj] == 0) continue;
-            const double c2 = 2.0 * send(prev, j);
+            const double c2 = 2.0 * send_in(prev, j);
             --remaining_[sj];
             const std::int64_t rest_idx = idx - stride_[sj];
             if (left == 1) {
@@ -252,7 +263,7 @@ private:
 
     // Smallest sum over the remaining stages of (w + 2 c), c the transfer into each.
     double sum_rest(std::int64_t left, std::int64_t l, std::int64_t prev, std::int64_t idx) {
-        const std::size_t key = static_cast<std::size_t>((idx * (L_ + 1) + l) * (k_ + 1) + prev);
+        const std::size_t key = static_cast<std::size_t>(idx * (L_ + 1) + l);
         if (memo_sum_[key] >= 0) return memo_sum_[key];
         if (sw_.expired()) throw TimeUp{};
         const std::int64_t pos = P_ - left;
@@ -260,7 +271,7 @@ private:
         for (std::int64_t j = 0; j < k_; ++j) {
             const auto sj = static_cast<std::size_t>(j);
             if (remaining_[sj] == 0) continue;
-            const double c2 = 2.0 * send(prev, j);
+            const double c2 = 2.0 * send_in(prev, j);
             --remaining_[sj];
             if (left == 1) {
                 const std::int64_t n = L_ - l;
@@ -434,7 +445,7 @@ private:
     std::int64_t P_ = 0, L_ = 0, M_ = 0, k_ = 0, span_ = 0;
     std::vector<StageGroup> distinct_;
     std::vector<std::int64_t> count_, remaining_, stride_, rank_;
-    std::vector<double> f_, b_, g_, ar_, opt_step_, send_, memo_, memo_sum_;
+    std::vector<double> f_, b_, g_, ar_, opt_step_, send_, min_in_, memo_, memo_sum_;
     std::vector<Neck> memo_neck_;
     std::vector<char> ok_;
     Stopwatch sw_;
