@@ -486,13 +486,16 @@ private:
     }
 
     // Lower bound over completions that add stages of types at order positions >= next.
-    double ext_bound(const Node& n, const Combo& c) const {
+    // `thr`: the incumbent; when the FLOP/s bound alone is beyond it, the node's completions
+    // are cut whatever the rest says, so the costlier time bound is skipped.
+    double ext_bound(const Node& n, const Combo& c, double thr = kInf) const {
         const auto p = static_cast<std::size_t>(n.next);
         if (p >= order_.size() || n.stages >= std::min(opt_.max_stages, model_.num_layers)) return kInf;
         if (n.types >= opt_.max_gpu_types) return kInf;
         if (opt_.prune_memory && n.cap + c.suffix_cap[p] < c.need_bytes) return kInf;
         const double by_rate = type_bound(n, c, p, suffix_min_rate_[p]);
         if (!std::isfinite(by_rate)) return kInf;
+        if (beyond(by_rate, thr)) return by_rate;
         // The iteration time of any completion, from whole blocks, the bottleneck and the
         // synchronisation terms (docs/search.md, "Completions").
         const double t_iter = ext_time_bound(n, c);
@@ -951,7 +954,7 @@ private:
         }
         ++local.s.nodes_generated;
         ch.own = own_bound(ch, c);
-        ch.ext_lb = ext_bound(ch, c);
+        ch.ext_lb = ext_bound(ch, c, thr);
         ch.lb = std::min(ch.own, ch.ext_lb);
         if (!std::isfinite(ch.lb)) {
             // Classify why nothing below this node can work.
