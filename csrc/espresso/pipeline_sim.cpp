@@ -11,7 +11,7 @@ namespace espresso {
 namespace {
 
 struct Scratch {
-    std::vector<double> end_f, end_b, free_at;
+    std::vector<double> end_f, end_b, free_at, left;
     std::vector<std::int64_t> next, work;
     std::vector<char> queued;
 };
@@ -128,12 +128,18 @@ double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<dou
     std::vector<double>& end_f = sc.end_f;
     std::vector<double>& end_b = sc.end_b;
     std::vector<double>& free_at = sc.free_at;
+    std::vector<double>& left = sc.left;  // work each stage has still to do
     std::vector<std::int64_t>& next = sc.next;
     std::vector<std::int64_t>& work = sc.work;
     std::vector<char>& queued = sc.queued;
     end_f.assign(cells, -1.0);
     end_b.assign(cells, -1.0);
     free_at.assign(sP, 0.0);
+    const bool can_abort = abort_above < std::numeric_limits<double>::infinity();
+    if (can_abort) {
+        left.resize(sP);
+        for (std::size_t i = 0; i < sP; ++i) left[i] = static_cast<double>(M) * (fwd_s[i] + bwd_s[i]);
+    }
     next.assign(sP, 0);
     queued.assign(sP, 1);
     work.clear();
@@ -174,7 +180,11 @@ double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<dou
             const double end = start + (op.backward ? bwd_s[si] : fwd_s[si]);
             (op.backward ? end_b : end_f)[idx(i, op.mb)] = end;
             free_at[si] = end;
-            if (end > abort_above) return std::numeric_limits<double>::infinity();
+            if (can_abort) {
+                // The stage still runs its remaining operations one after another.
+                left[si] -= op.backward ? bwd_s[si] : fwd_s[si];
+                if (end + left[si] > abort_above) return std::numeric_limits<double>::infinity();
+            }
             ++next[si];
             ++done;
             advanced = true;

@@ -32,8 +32,8 @@ PipelineResult simulate_pipeline(const std::vector<double>& fwd_s,
                                  std::int64_t num_microbatches, Schedule schedule);
 
 // The makespan alone, for the placer's leaves: stops early, returning +infinity, once some
-// stage is busy beyond `abort_above` (the makespan can only be larger). Inputs as above,
-// already checked.
+// stage cannot finish by `abort_above` (where it is now plus the work it still has to do:
+// the makespan can only be larger). Inputs as above, already checked.
 double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
                          const std::vector<double>& send_fwd_s,
                          const std::vector<double>& send_bwd_s, std::int64_t num_microbatches,

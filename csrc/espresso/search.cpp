@@ -52,6 +52,7 @@ struct Node {
     double sum_bw = 0;       // per replica: sum over stages of tp * DP link GB/s
     double sum_hbm = 0;      // per replica: sum over stages of tp * memory GB/s
     double ext_lb = kInf;    // ext_bound, computed once
+    bool full = false;       // ext_lb includes the completion time bound (else FLOP/s only)
     std::vector<Choice> choices;
 };
 
@@ -137,6 +138,7 @@ public:
             Node root;
             root.combo = static_cast<std::int32_t>(c);
             root.ext_lb = ext_bound(root, combos_[c]);
+            root.full = true;
             root.lb = std::min(own_bound(root, combos_[c]), root.ext_lb);
             if (std::isfinite(root.lb)) push(std::move(root));
         }
@@ -488,14 +490,14 @@ private:
     // Lower bound over completions that add stages of types at order positions >= next.
     // `thr`: the incumbent; when the FLOP/s bound alone is beyond it, the node's completions
     // are cut whatever the rest says, so the costlier time bound is skipped.
-    double ext_bound(const Node& n, const Combo& c, double thr = kInf) const {
+    double ext_bound(const Node& n, const Combo& c, double thr = kInf, bool full = true) const {
         const auto p = static_cast<std::size_t>(n.next);
         if (p >= order_.size() || n.stages >= std::min(opt_.max_stages, model_.num_layers)) return kInf;
         if (n.types >= opt_.max_gpu_types) return kInf;
         if (opt_.prune_memory && n.cap + c.suffix_cap[p] < c.need_bytes) return kInf;
         const double by_rate = type_bound(n, c, p, suffix_min_rate_[p]);
         if (!std::isfinite(by_rate)) return kInf;
-        if (beyond(by_rate, thr)) return by_rate;
+        if (!full || beyond(by_rate, thr)) return by_rate;
         // The iteration time of any completion, from whole blocks, the bottleneck and the
         // synchronisation terms (docs/search.md, "Completions").
         const double t_iter = ext_time_bound(n, c);
@@ -751,6 +753,32 @@ private:
                 ++stats_.pruned_cost;
                 continue;
             }
+            if (!node.full) {
+                // Tighten the bound now; if it rose, the node goes back to the frontier.
+                ++busy_;
+                const auto mark = inflight_.insert(node.lb);
+                lock.unlock();
+                const Combo& c = combos_[static_cast<std::size_t>(node.combo)];
+                node.ext_lb = ext_bound(node, c, thr, true);
+                node.full = true;
+                const double lb = std::min(node.own, node.ext_lb);
+                lock.lock();
+                inflight_.erase(mark);
+                --busy_;
+                if (!std::isfinite(lb)) {
+                    ++stats_.pruned_deadline;  // no completion can meet the deadline or budget
+                    cv_.notify_all();
+                    continue;
+                }
+                if (lb > node.lb * (1 + 1e-9)) {
+                    node.lb = lb;
+                    if (beyond(node.lb, threshold())) ++stats_.pruned_cost;
+                    else push(std::move(node));
+                    cv_.notify_all();
+                    continue;
+                }
+                node.lb = std::max(node.lb, lb);
+            }
             if (static_cast<std::int64_t>(queue_.size()) >= opt_.max_frontier) {
                 // Frontier full: finish this subtree depth-first instead of growing it.
                 ++busy_;
@@ -842,7 +870,7 @@ private:
             }
         }
         // 2. Children: stages of one more type, at any later order position.
-        const double ext = node.ext_lb;
+        const double ext = node.full ? node.ext_lb : ext_bound(node, c, thr, true);
         if (!std::isfinite(ext) || beyond(ext, thr)) return;
         if (local.sw.check_now()) {
             // Out of time: what lies below this node stays open, bounded by its bound.
@@ -954,7 +982,9 @@ private:
         }
         ++local.s.nodes_generated;
         ch.own = own_bound(ch, c);
-        ch.ext_lb = ext_bound(ch, c, thr);
+        // The completion time bound waits until the node is taken from the frontier (most
+        // children are cut by the incumbent before that); the FLOP/s bound orders it till then.
+        ch.ext_lb = ext_bound(ch, c, thr, false);
         ch.lb = std::min(ch.own, ch.ext_lb);
         if (!std::isfinite(ch.lb)) {
             // Classify why nothing below this node can work.
