@@ -10,15 +10,20 @@ namespace espresso {
 
 namespace {
 
+struct Op {
+    bool backward;
+    std::int64_t mb;
+};
+
 struct Scratch {
     std::vector<double> end_f, end_b, free_at, left;
     std::vector<std::int64_t> next, work;
     std::vector<char> queued;
-};
-
-struct Op {
-    bool backward;
-    std::int64_t mb;
+    // Every stage's operation order for the last (P, M, schedule) seen: the placer simulates
+    // many leaves of one shape in a row.
+    std::vector<Op> ops;
+    std::int64_t ops_p = -1, ops_m = -1;
+    int ops_schedule = -1;
 };
 
 // Operation k of stage `stage` in its fixed order (computed, not stored: the placer runs
@@ -135,6 +140,18 @@ double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<dou
     end_f.assign(cells, -1.0);
     end_b.assign(cells, -1.0);
     free_at.assign(sP, 0.0);
+    if (sc.ops_p != P || sc.ops_m != M || sc.ops_schedule != static_cast<int>(schedule)) {
+        sc.ops.resize(static_cast<std::size_t>(P * 2 * M));
+        for (std::int64_t i = 0; i < P; ++i) {
+            for (std::int64_t k = 0; k < 2 * M; ++k) {
+                sc.ops[static_cast<std::size_t>(i * 2 * M + k)] = stage_op(schedule, i, P, M, k);
+            }
+        }
+        sc.ops_p = P;
+        sc.ops_m = M;
+        sc.ops_schedule = static_cast<int>(schedule);
+    }
+    const Op* ops = sc.ops.data();
     const bool can_abort = abort_above < std::numeric_limits<double>::infinity();
     if (can_abort) {
         left.resize(sP);
@@ -157,7 +174,7 @@ double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<dou
         queued[si] = 0;
         bool advanced = false;
         while (next[si] < ops_per_stage) {
-            const Op op = stage_op(schedule, i, P, M, next[si]);
+            const Op op = ops[static_cast<std::size_t>(i * ops_per_stage + next[si])];
             double ready;
             if (!op.backward) {
                 if (i == 0) {

@@ -98,6 +98,7 @@ struct Combo {
         double bw_slot = 0, bw_all = 0, hbm_slot = 0, hbm_all = 0, t_min = kInf, t_max = 0;
     };
     std::vector<Option> options;
+    std::vector<std::vector<double>> block_s;  // block_time() by type and width index
 };
 
 // A total order on plans with equal objective, so the answer never depends on timing.
@@ -329,6 +330,12 @@ private:
     void prepare_options(Combo& c) const {
         const std::int64_t L = model_.num_layers;
         c.options.resize(gpus_.size());
+        c.block_s.resize(gpus_.size());
+        for (const std::int64_t t : order_) {
+            for (const std::int64_t w : widths_[static_cast<std::size_t>(t)]) {
+                c.block_s[static_cast<std::size_t>(t)].push_back(block_time(c, t, w));
+            }
+        }
         for (const std::int64_t t : order_) {
             const auto st = static_cast<std::size_t>(t);
             Combo::Option& o = c.options[st];
@@ -415,8 +422,7 @@ private:
             const auto& ws = widths_[st];
             const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
             const std::int64_t cap = opt_.prune_memory ? c.max_layers[st][wi] : L;
-            const double t = block_time(c, ch.type, ch.tp);
-            gs.push_back({t, cap, ch.count});
+            gs.push_back({c.block_s[st][wi], cap, ch.count});
         }
         auto feasible = [&](double tau) {
             std::int64_t total = 0;
@@ -955,7 +961,7 @@ private:
         ch.cap = node.cap + d(gpus_per_replica) * cap_[st];
         ch.block_rate = node.block_rate;
         for (std::size_t wi = 0; wi < ws.size(); ++wi) {
-            if (counts[wi] > 0) ch.block_rate += d(counts[wi]) * c.block_flops / block_time(c, t, ws[wi]);
+            if (counts[wi] > 0) ch.block_rate += d(counts[wi]) * c.block_flops / c.block_s[st][wi];
         }
         ch.max_layers = node.max_layers;
         for (std::size_t wi = 0; wi < ws.size(); ++wi) {
