@@ -127,3 +127,13 @@ def load_yaml(what: str, path: str | Path, *, err: type[SpecError] = SpecError) 
     """Parse a YAML (or JSON) file, with errors that name the file and what it should hold
     (``espresso._io``: one place for every file read)."""
     return _io.load_yaml(what, path, err=err)
+
+
+def load_spec(what: str, path: str | Path, build: Any, *, err: type[SpecError]) -> Any:
+    """``build(data)`` of a YAML/JSON file, its errors prefixed with the file's path."""
+    data = load_yaml(what, path, err=err)
+    try:
+        return build(data)
+    except err as exc:
+        msg = f"{path}: {exc}"
+        raise err(msg) from None

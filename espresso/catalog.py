@@ -200,12 +200,8 @@ class Catalog:
     def load(cls, path: str | Path) -> Catalog:
         """Read a catalog from a YAML or JSON file."""
         # YAML parses JSON documents as well.
-        data = v.load_yaml("catalog", path, err=CatalogError)
-        try:
-            return cls.from_dict(data)
-        except CatalogError as exc:
-            msg = f"{path}: {exc}"
-            raise CatalogError(msg) from None
+        catalog: Catalog = v.load_spec("catalog", path, cls.from_dict, err=CatalogError)
+        return catalog
 
     def save(self, path: str | Path) -> None:
         path = Path(path)

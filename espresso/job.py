@@ -130,9 +130,5 @@ class Job:
 
     @classmethod
     def load(cls, path: str | Path) -> Job:
-        data = v.load_yaml("job", path, err=JobError)
-        try:
-            return cls.from_dict(data)
-        except JobError as exc:
-            msg = f"{path}: {exc}"
-            raise JobError(msg) from None
+        job: Job = v.load_spec("job", path, cls.from_dict, err=JobError)
+        return job

@@ -73,6 +73,10 @@ def load_cost_model(path: str | None) -> CostParams | None:
     return CostParams.from_dict(data)
 
 
+def add_catalog_arg(p: argparse.ArgumentParser, what: str = "default: built-in") -> None:
+    p.add_argument("--catalog", metavar="FILE", help=f"catalog YAML/JSON ({what})")
+
+
 def add_cost_model_arg(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--cost-model", metavar="FILE",
                    help=f"cost-model constants (YAML/JSON, docs/cost-model.md) {what}")

@@ -61,7 +61,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("gpus", help="list a GPU catalog")
-    p.add_argument("--catalog", metavar="FILE", help="catalog YAML/JSON (default: built-in)")
+    c.add_catalog_arg(p)
     p.add_argument("--json", action="store_true", help="print the catalog as JSON")
     p.set_defaults(func=cmd_gpus)
 

@@ -202,7 +202,7 @@ def register(sub: Any) -> None:
                    help="CPU threads for torch (default: torch's; 1 to match one process per "
                         "core under `launch --local`)")
     c.add_cost_model_arg(p, "for the analytic column (default: the defaults)")
-    p.add_argument("--catalog", metavar="FILE", help="catalog YAML/JSON (default: built-in)")
+    c.add_catalog_arg(p)
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser(
@@ -215,7 +215,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--device", type=int, default=0, help="CUDA device index (0)")
     p.add_argument("--gpu", help="catalog GPU type (default: matched from the device name)")
-    p.add_argument("--catalog", metavar="FILE", help="catalog YAML/JSON (default: built-in)")
+    c.add_catalog_arg(p)
     p.add_argument("--quick", action="store_true", help="small sizes: seconds, rougher numbers")
     p.add_argument("--json", metavar="OUT", help="write the results as JSON ('-': stdout)")
     p.set_defaults(func=cmd_bench_gpu)
@@ -234,7 +234,7 @@ def register(sub: Any) -> None:
     p.add_argument("--cores", type=int, help="with --cpu: GPUs in the catalog (default: cores)")
     p.add_argument("--cost-out", metavar="FILE",
                    help="with --cpu: cost model YAML to write (default: OUT's stem + -cost.yaml)")
-    p.add_argument("--catalog", metavar="FILE", help="catalog to start from (default: built-in)")
+    c.add_catalog_arg(p, "to start from; default: built-in")
     p.add_argument("--bench", metavar="FILE", help="`espresso bench-gpu --json` output")
     p.add_argument("--profile", metavar="FILE", help="`espresso profile` output")
     p.add_argument("--gpu", help="catalog GPU type the bench result is of (default: its match)")

@@ -152,7 +152,7 @@ def register(sub: Any) -> None:
         "fits and meets its deadline, 1 it does not (the reasons are printed), 2 bad input.",
     )
     p.add_argument("plan", help="plan JSON file")
-    p.add_argument("--catalog", metavar="FILE", help="catalog YAML/JSON (default: built-in)")
+    c.add_catalog_arg(p)
     p.add_argument("--json", metavar="OUT",
                    help="write the plan with its estimate as JSON to OUT ('-': stdout only)")
     c.add_profile_arg(p)
@@ -175,7 +175,7 @@ def register(sub: Any) -> None:
                    help=f"sequences per step (default {DEFAULT_GLOBAL_BATCH_SIZE})")
     p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), help="default adam")
     p.add_argument("--job", metavar="FILE", help="job YAML/JSON; flags override its fields")
-    p.add_argument("--catalog", metavar="FILE", help="catalog YAML/JSON (default: built-in)")
+    c.add_catalog_arg(p)
     p.add_argument("--json", metavar="OUT", help="write the plan (espresso.plan/1) to OUT")
     p.add_argument("--stats", action="store_true",
                    help="with --json: also write the search statistics (they hold timings, "

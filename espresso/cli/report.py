@@ -125,20 +125,17 @@ def _compare_line(plan: Plan, comparison: Comparison, console: Console) -> None:
     what = (f"the {'cheapest' if objective == 'cost' else 'fastest'} single-type plan "
             f"({escape(_rent(o_est.gpus))}, ${o_est.total_usd:,.2f}, "
             f"{_hours(o_est.total_hours)}){note}")
-    if objective == "cost":
-        saving = 1 - est.total_usd / o_est.total_usd if o_est.total_usd > 0 else 0.0
-        if saving >= 0:
-            console.print(f"Versus {what}: saves [bold]{saving:.1%}[/]")
-        else:
-            console.print(f"Versus {what}: costs {-saving:.1%} more (this plan is not proven "
-                          "optimal; allow more time with --time-limit)")
+    # Cost: what mixing types saves; time (a budget): how much faster it is.
+    ours, theirs = ((est.total_usd, o_est.total_usd) if objective == "cost"
+                    else (est.total_hours, o_est.total_hours))
+    better = 1 - ours / theirs if theirs > 0 else 0.0
+    good, bad = ("saves [bold]{:.1%}[/]", "costs {:.1%} more") if objective == "cost" else (
+        "[bold]{:.1%}[/] faster", "{:.1%} slower")
+    if better >= 0:
+        console.print(f"Versus {what}: " + good.format(better))
     else:
-        faster = 1 - est.total_hours / o_est.total_hours if o_est.total_hours > 0 else 0.0
-        if faster >= 0:
-            console.print(f"Versus {what}: [bold]{faster:.1%}[/] faster")
-        else:
-            console.print(f"Versus {what}: {-faster:.1%} slower (this plan is not proven "
-                          "optimal; allow more time with --time-limit)")
+        console.print(f"Versus {what}: " + bad.format(-better) + " (this plan is not proven "
+                      "optimal; allow more time with --time-limit)")
 
 
 def print_plan(plan: Plan, console: Console, comparison: Comparison | None) -> None:
