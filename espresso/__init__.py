@@ -25,6 +25,7 @@ from .job import Job
 from .model import ModelSpec
 from .plan import Plan, Stage
 from .profile import Profile
+from .progress import SearchProgress
 from .search import InfeasibleError, SearchResult, SearchStats, place, plan, search
 from .units import parse_count, parse_hours
 
@@ -47,6 +48,7 @@ __all__ = [
     "PlanError",
     "Profile",
     "ProfileError",
+    "SearchProgress",
     "SearchResult",
     "SearchStats",
     "SpecError",
