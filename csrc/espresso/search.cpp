@@ -25,6 +25,10 @@ constexpr double kGB = 1e9;
 // The completion bound over added stages looks at each later type; beyond this many it is
 // skipped (the other bounds still hold), so a node's bound stays cheap on huge catalogs.
 constexpr std::size_t kExtTypesMax = 256;
+// Children one node may generate at most (deep pipelines over many widths can have billions):
+// beyond, the rest of that node stays open under its bound (the search reports a gap), so
+// memory stays bounded even without a time limit.
+constexpr std::size_t kMaxChildren = std::size_t{1} << 18;
 
 double d(std::int64_t v) { return static_cast<double>(v); }
 
@@ -909,7 +913,7 @@ private:
                    std::vector<Node>& children, Local& local) {
         if (wi == ws.size()) {
             if (used_stages == 0) return;
-            if (local.sw.expired()) {
+            if (local.sw.expired() || children.size() >= kMaxChildren) {
                 if (!local.incomplete) {
                     local.incomplete = true;
                     local.open_lb = std::min(local.open_lb, node.lb);
