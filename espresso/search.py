@@ -342,9 +342,12 @@ def plan(job: Job, catalog: Catalog | None = None, *,
 def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
           micro_batch_size: int = 1, recompute: str = "none", schedule: str = "1f1b",
           catalog: Catalog | None = None, cost_model: CostParams | None = None,
-          profiles: Any = None) -> Plan:
+          profiles: Any = None,
+          time_limit_s: float | None = DEFAULT_TIME_LIMIT_S) -> Plan:
     """Arrange GPUs you already have: the stage order and layer split with the smallest
     iteration time for the given stage groups ``[(gpu type, tp), ...]`` (one per stage).
+    ``time_limit_s`` (default 60 s; ``None``: none) stops it with the best arrangement so far
+    (``plan.stats["exhaustive"]`` is then false).
 
     Raises InfeasibleError when no split fits in memory."""
     catalog = Catalog.builtin() if catalog is None else catalog
@@ -392,8 +395,15 @@ def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
     specs = [catalog[n]._spec() for n in names]
     profs = {g: p for g, p in as_profiles(profiles).items() if g in names}
     apply_profiles(specs, names, catalog, job.model, cost, profs)
-    res = core.place(job.model._dims(), specs, cost._core(), _workload(probe), core_groups,
-                     core.PlaceOptions())
+    opts = core.PlaceOptions()
+    if time_limit_s is not None:
+        opts.time_limit_s = v.number("time_limit_s", time_limit_s, positive=True, maximum=1e7)
+    res = core.place(job.model._dims(), specs, cost._core(), _workload(probe), core_groups, opts)
+    if not res.found and not res.exhaustive:
+        why = (f"the time limit ({time_limit_s} s; allow more with time_limit_s)"
+               if res.timed_out else "the placer's node limit")
+        msg = f"place: no arrangement found before {why} stopped the search"
+        raise InfeasibleError(msg)
     if not res.found:
         msg = (f"place: no stage order and layer split of {[tuple(g) for g in groups]} fits "
                f"{job.model.name} in memory with dp {dp}, micro-batch {micro_batch_size}, "
@@ -405,5 +415,6 @@ def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
                num_microbatches=probe.num_microbatches, recompute=probe.recompute,
                schedule=probe.schedule, cost_model=cost, profiles=profs,
                stats={"placer_nodes": res.nodes, "placer_leaves": res.leaves,
-                      "exhaustive": res.exhaustive, "lower_bound_s": res.lower_bound_s})
+                      "exhaustive": res.exhaustive, "timed_out": res.timed_out,
+                      "lower_bound_s": res.lower_bound_s})
     return out.with_estimate(catalog)

@@ -153,3 +153,20 @@ def test_single_type_search_is_the_best_single_type(tiny_job: es.Job,
             continue
         assert one.plans and len(one.plans[0].gpus) == 1
         assert one.plans[0].estimate.total_usd == pytest.approx(min(costs), rel=1e-12)  # type: ignore[union-attr]
+
+
+def test_place_api_has_a_limit() -> None:
+    """espresso.place() is bounded too: 8 stages over 10,000 blocks stop at its limit."""
+    job = _deep_job()
+    t = time.monotonic()
+    outcome: es.Plan | es.InfeasibleError
+    try:
+        outcome = es.place(job, [("H200", 1), ("L4", 1)] * 4, time_limit_s=0.2)
+    except es.InfeasibleError as exc:
+        outcome = exc
+    if isinstance(outcome, es.InfeasibleError):
+        assert "time limit" in str(outcome)
+    else:
+        assert outcome.stats is not None and outcome.stats["timed_out"] is True
+        assert outcome.stats["exhaustive"] is False
+    assert time.monotonic() - t < 0.2 + MARGIN_S
