@@ -257,8 +257,10 @@ def explain_infeasible(job: Job, catalog: Catalog, result: SearchResult,
         return InfeasibleError(f"no plan fits within the budget of ${budget_usd:,.2f}",
                                stats=stats)
     kw = {k: val for k, val in kwargs.items() if k not in ("top_k", "time_limit_s")}
-    fast = search(job, catalog, objective="time", time_limit_s=budget.share(1.0),
-                  progress=progress, phase="the fastest plan", **kw)
+    # A complete time-objective search that found nothing already says it: nothing fits.
+    fast = result if objective == "time" else search(
+        job, catalog, objective="time", time_limit_s=budget.share(1.0), progress=progress,
+        phase="the fastest plan", **kw)
     if fast.plans:
         f = fast.plans[0]
         assert f.estimate is not None
