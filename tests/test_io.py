@@ -128,3 +128,17 @@ def test_plan_json_round_trip_errors(tmp_path: Path) -> None:
         es.Plan.from_json(deep)
     data = json.loads(EXAMPLE.read_text())
     assert es.Plan.from_dict(data).to_dict()["stages"] == data["stages"]
+
+
+def test_oversized_input_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (_io.MAX_INPUT_BYTES + 1))
+    t = time.monotonic()
+    assert main(["gpus", "--catalog", str(big)]) == 2
+    assert "too large" in capsys.readouterr().err
+    assert time.monotonic() - t < 10
+
+
+def test_json_documents_take_the_json_parser() -> None:
+    assert _io.parse_yaml('{"a": 1e-3, "b": [1, 2]}') == {"a": 1e-3, "b": [1, 2]}
+    assert _io.parse_yaml("{a: 1e-3}") == {"a": 1e-3}  # YAML flow style falls back
