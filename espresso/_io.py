@@ -135,6 +135,17 @@ def check_writable(what: str, path: str | Path, *, err: type[Exception] = FileEr
     return p
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# Read once at import (os.umask can only be read by setting it, which is not thread-safe):
+# atomic writes give files the permissions a plain open() would.
+_UMASK = _read_umask()
+
+
 def write_text(what: str, path: str | Path, text: str, *, mode: int | None = None,
                err: type[Exception] = FileError) -> None:
     """Write ``text`` to ``path`` atomically (temporary file + rename)."""
@@ -147,7 +158,7 @@ def write_text(what: str, path: str | Path, text: str, *, mode: int | None = Non
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, mode if mode is not None else 0o666 & ~_umask())
+        os.chmod(tmp, mode if mode is not None else 0o666 & ~_UMASK)
         os.replace(tmp, p)
         tmp = None
     except OSError as exc:
@@ -157,11 +168,6 @@ def write_text(what: str, path: str | Path, text: str, *, mode: int | None = Non
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def make_dir(what: str, path: str | Path, *, err: type[Exception] = FileError) -> Path:

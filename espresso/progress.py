@@ -87,10 +87,6 @@ class SearchProgress:
             if self._monitor is not None:
                 self._monitor.cancel()
 
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
-
     def snapshot(self) -> dict[str, Any]:
         """``phase``, ``objective``, ``best`` (USD or hours; ``None`` before the first plan),
         ``lower_bound``, ``gap`` (``None`` without a plan) and ``nodes``."""

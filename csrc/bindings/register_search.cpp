@@ -41,8 +41,7 @@ void register_search(py::module_& m) {
                                [](const SearchMonitor& s) { return s.nodes_expanded.load(); })
         .def_property_readonly("leaves_placed",
                                [](const SearchMonitor& s) { return s.leaves_placed.load(); })
-        .def("cancel", [](SearchMonitor& s) { s.cancel.store(true); })
-        .def_property_readonly("cancelled", [](const SearchMonitor& s) { return s.cancel.load(); });
+        .def("cancel", [](SearchMonitor& s) { s.cancel.store(true); });
 
     py::enum_<Objective>(m, "Objective")
         .value("COST", Objective::Cost)

@@ -62,9 +62,6 @@ public:
         return expired_;
     }
 
-    Clock::time_point deadline() const { return deadline_; }
-    const std::atomic<bool>* cancel() const { return cancel_; }
-
 private:
     Clock::time_point deadline_ = Clock::time_point::max();
     const std::atomic<bool>* cancel_ = nullptr;

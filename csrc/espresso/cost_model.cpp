@@ -12,7 +12,6 @@ namespace espresso {
 
 namespace {
 
-constexpr double kGB = 1e9;
 
 // Bounds that keep every product below 2^53 and every allocation small.
 constexpr std::int64_t kMaxDim = 1 << 20;          // hidden, ffn, heads
@@ -279,13 +278,16 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     if (work.recompute == Recompute::Full) e.bwd_s += blk_f + L * 2.0 * tp_ar;
 
     // Once per iteration: gradient all-reduce over DP, optimizer step.
-    const bool dp_intra = work.dp * tp <= g.gpus_per_node;
-    e.dp_allreduce_s = ring_allreduce_s(e.grads_bytes, work.dp,
-                                        dp_intra ? g.intra_node_gbs : g.inter_node_gbs, params);
+    e.dp_allreduce_s = ring_allreduce_s(e.grads_bytes, work.dp, dp_link_gbs(g, work.dp, tp),
+                                        params);
     e.optimizer_step_s = per_gpu / (params.zero1 ? d(work.dp) : 1.0) *
                          params.optimizer_step_bytes_per_param /
                          (g.mem_bandwidth_gbs * kGB * params.memory_bandwidth_efficiency);
     return e;
+}
+
+double dp_link_gbs(const GpuSpec& g, std::int64_t dp, std::int64_t tp) {
+    return dp * tp <= g.gpus_per_node ? g.intra_node_gbs : g.inter_node_gbs;
 }
 
 double usable_bytes(const GpuSpec& g, const CostParams& params) {

@@ -165,8 +165,14 @@ double head_fwd_flops(const ModelDims& m, std::int64_t seq_len, std::int64_t mic
 // Bytes one block keeps for backward for one micro-batch on one GPU of a TP group.
 double block_activation_bytes(const ModelDims& m, const CostParams& p, std::int64_t seq_len,
                               std::int64_t micro_batch, std::int64_t tp);
+constexpr double kGB = 1e9;  // bytes per GB (catalog units are decimal)
+
 // Ring all-reduce time of `bytes` over `k` members at `gbs` GB/s per member.
 double ring_allreduce_s(double bytes, std::int64_t k, double gbs, const CostParams& p);
+
+// GB/s per GPU of the DP gradient all-reduce of a stage of `tp` GPUs of `g` with `dp`
+// replicas: the intra-node link when all dp * tp GPUs fit in one node, else the network.
+double dp_link_gbs(const GpuSpec& g, std::int64_t dp, std::int64_t tp);
 
 // Usable memory of one GPU after the head-room.
 double usable_bytes(const GpuSpec& g, const CostParams& p);

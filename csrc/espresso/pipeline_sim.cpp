@@ -26,9 +26,8 @@ struct Scratch {
     int ops_schedule = -1;
 };
 
-// Operation k of stage `stage` in its fixed order (computed, not stored: the placer runs
-// this simulation at every leaf). GPipe: all forwards, then all backwards. 1F1B
-// (PipeDream-flush): warm-up forwards, one forward one backward, cool-down backwards.
+// Operation k of stage `stage` in its fixed order. GPipe: all forwards, then all backwards.
+// 1F1B (PipeDream-flush): warm-up forwards, one forward one backward, cool-down backwards.
 inline Op stage_op(Schedule schedule, std::int64_t stage, std::int64_t P, std::int64_t M,
                    std::int64_t k) {
     if (schedule == Schedule::GPipe) return k < M ? Op{false, k} : Op{true, k - M};
@@ -215,10 +214,6 @@ double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<dou
             }
         }
     }
-    if (done != total) {
-        throw std::logic_error("pipeline simulation deadlocked (internal error)");
-    }
-
     if (done != total) {
         throw std::logic_error("pipeline simulation deadlocked (internal error)");
     }

@@ -92,7 +92,7 @@ private:
     void search(Placement& out) {
         build_tables();
         build_ranks();
-        // Memo of the completion bound over (remaining multiset, first layer, previous group).
+        // Memo of the completion bounds over (remaining multiset, first layer).
         std::int64_t states = 1;
         stride_.assign(static_cast<std::size_t>(k_), 0);
         for (std::int64_t j = 0; j < k_; ++j) {
@@ -225,7 +225,8 @@ private:
     }
 
     // Lower bound on max_k [prefix_k + M w_k] over the stages from `pos` on, measured from the
-    // end of stage pos-1 (group `prev`), with the multiset `idx` of groups left to place.
+    // end of stage pos-1, with the multiset `idx` of groups left to place. `prev` (k_: none)
+    // only tells whether a transfer comes in: its least over every predecessor is charged.
     double bound_rest(std::int64_t left, std::int64_t l, std::int64_t prev, std::int64_t idx) {
         const std::size_t key = static_cast<std::size_t>(idx * (L_ + 1) + l);
         if (memo_[key] >= 0) return memo_[key];

@@ -21,7 +21,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kSlack = 1e-9;  // relative: bounds never prune plans within rounding of a tie
-constexpr double kGB = 1e9;
 // The completion bound over added stages looks at each later type; beyond this many it is
 // skipped (the other bounds still hold), so a node's bound stays cheap on huge catalogs.
 constexpr std::size_t kExtTypesMax = 256;
@@ -165,12 +164,7 @@ public:
         }
         const double best = best_.empty() ? kInf : best_.front().objective;
         stats_.lower_bound = stats_.complete ? best : std::min(best, open_lb_);
-        if (opt_.monitor) {
-            opt_.monitor->best.store(best);
-            opt_.monitor->lower_bound.store(stats_.lower_bound);
-            opt_.monitor->nodes_expanded.store(stats_.nodes_expanded);
-            opt_.monitor->leaves_placed.store(stats_.leaves_placed);
-        }
+        publish(best, stats_.lower_bound);
         out.stats = stats_;
         return out;
     }
@@ -282,9 +276,11 @@ private:
                                           job_.optimizer_bytes_per_param / (params_.zero1 ? d(dp) : 1.0);
                     const double bp = block_params(model_);
                     if (dp > 1) {
-                        c.k_ar = 2.0 * d(dp - 1) / d(dp) * bp * params_.bytes_per_grad /
-                                 (kGB * params_.link_efficiency);
+                        // The cost model's ring all-reduce of one block's gradients over a
+                        // 1 GB/s link, split into its latency and its per-GB/s part.
                         c.lat_ar = 2.0 * d(dp - 1) * params_.link_latency_s;
+                        c.k_ar = ring_allreduce_s(bp * params_.bytes_per_grad, dp, 1.0, params_) -
+                                 c.lat_ar;
                     }
                     c.k_opt = bp / (params_.zero1 ? d(dp) : 1.0) *
                               params_.optimizer_step_bytes_per_param /
@@ -351,7 +347,7 @@ private:
                 if (w > o.avail) break;
                 const std::int64_t cap = opt_.prune_memory ? c.max_layers[st][wi] : L;
                 if (cap < 1) continue;
-                const double bt = block_time(c, t, w);
+                const double bt = c.block_s[st][wi];
                 o.widths.emplace_back(bt, cap);
                 o.head.push_back(head_time(c, t, w));
                 o.t_min = std::min(o.t_min, bt);
@@ -414,23 +410,33 @@ private:
         return c.block_flops / (d(tp) * rate_[st]) + n_ar * ar;
     }
 
-    double bottleneck_bound(const Node& n, const Combo& c) const {
-        struct G {
-            double t;
-            std::int64_t cap, count;
-        };
-        std::vector<G> gs;
-        const std::int64_t L = model_.num_layers;
+    // A node's stages of one (type, width), as the bottleneck bounds see them: block time,
+    // the most blocks one such stage holds (memory), how many stages, the LM head's time.
+    struct Group {
+        double t;
+        std::int64_t cap, count;
+        double head;
+    };
+
+    std::vector<Group> groups_of(const Node& n, const Combo& c) const {
+        std::vector<Group> gs;
+        gs.reserve(n.choices.size());
         for (const Choice& ch : n.choices) {
             const auto st = static_cast<std::size_t>(ch.type);
             const auto& ws = widths_[st];
             const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
-            const std::int64_t cap = opt_.prune_memory ? c.max_layers[st][wi] : L;
-            gs.push_back({c.block_s[st][wi], cap, ch.count});
+            gs.push_back({c.block_s[st][wi], opt_.prune_memory ? c.max_layers[st][wi] : model_.num_layers,
+                          ch.count, head_time(c, ch.type, ch.tp)});
         }
+        return gs;
+    }
+
+    double bottleneck_bound(const Node& n, const Combo& c) const {
+        const std::vector<Group> gs = groups_of(n, c);
+        const std::int64_t L = model_.num_layers;
         auto feasible = [&](double tau) {
             std::int64_t total = 0;
-            for (const G& g : gs) {
+            for (const Group& g : gs) {
                 const auto fit = std::min<std::int64_t>(
                     g.cap, static_cast<std::int64_t>(std::floor(tau / g.t * (1 + 1e-12))));
                 if (fit < 1) return false;
@@ -441,7 +447,7 @@ private:
         // The answer is k * t_g for some group g and 1 <= k <= its cap, and feasibility only
         // grows with tau: bisect each group's sequence, keep the least feasible value.
         double best = kInf;
-        for (const G& g : gs) {
+        for (const Group& g : gs) {
             std::int64_t lo = 1, hi = std::min(g.cap, L);
             if (hi < 1 || !feasible(d(hi) * g.t)) continue;
             while (lo < hi) {
@@ -533,9 +539,7 @@ private:
 
     // GB/s a stage of `tp` GPUs of `type` brings to the DP all-reduce bound (tp * its link).
     double stage_bw(const Combo& c, std::int64_t type, std::int64_t tp) const {
-        const GpuSpec& g = gpus_[static_cast<std::size_t>(type)];
-        const bool intra = c.work.dp * tp <= g.gpus_per_node;
-        return d(tp) * (intra ? g.intra_node_gbs : g.inter_node_gbs);
+        return d(tp) * dp_link_gbs(gpus_[static_cast<std::size_t>(type)], c.work.dp, tp);
     }
 
     // Lower bound on the iteration time of any completion of `n` that adds 1 to `room`
@@ -553,23 +557,12 @@ private:
         if (order_.size() - p0 > kExtTypesMax) return 0.0;
         const std::int64_t L = model_.num_layers;
         const double M = d(c.work.num_microbatches);
-        struct Group {
-            double t;
-            std::int64_t cap, count;
-            double head;
-        };
-        std::vector<Group> own;
+        const std::vector<Group> own = groups_of(n, c);
         double t_min = kInf, t_max = 0, head_max = 0;
-        for (const Choice& ch : n.choices) {
-            const auto st = static_cast<std::size_t>(ch.type);
-            const auto& ws = widths_[st];
-            const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
-            const double t = block_time(c, ch.type, ch.tp);
-            const double h = head_time(c, ch.type, ch.tp);
-            own.push_back({t, opt_.prune_memory ? c.max_layers[st][wi] : L, ch.count, h});
-            t_min = std::min(t_min, t);
-            t_max = std::max(t_max, t);
-            head_max = std::max(head_max, h);
+        for (const Group& g : own) {
+            t_min = std::min(t_min, g.t);
+            t_max = std::max(t_max, g.t);
+            head_max = std::max(head_max, g.head);
         }
         std::vector<const Combo::Option*> ext;
         bool ext_tp = false;
@@ -710,11 +703,25 @@ private:
         if (!queue_.empty()) lb = std::min(lb, queue_.top().lb);
         if (!inflight_.empty()) lb = std::min(lb, *inflight_.begin());
         const double best = best_.empty() ? kInf : best_.front().objective;
-        opt_.monitor->lower_bound.store(std::isfinite(lb) ? std::min(lb, best) : best,
-                                        std::memory_order_relaxed);
-        opt_.monitor->best.store(best, std::memory_order_relaxed);
-        opt_.monitor->nodes_expanded.store(stats_.nodes_expanded, std::memory_order_relaxed);
-        opt_.monitor->leaves_placed.store(stats_.leaves_placed, std::memory_order_relaxed);
+        publish(best, std::isfinite(lb) ? std::min(lb, best) : best);
+    }
+
+    void publish(double best, double lower_bound) const {
+        if (!opt_.monitor) return;
+        SearchMonitor& m = *opt_.monitor;
+        m.best.store(best, std::memory_order_relaxed);
+        m.lower_bound.store(lower_bound, std::memory_order_relaxed);
+        m.nodes_expanded.store(stats_.nodes_expanded, std::memory_order_relaxed);
+        m.leaves_placed.store(stats_.leaves_placed, std::memory_order_relaxed);
+    }
+
+    // The bounds of nodes being worked on count in the progress figure; kept only when
+    // someone watches (a monitor), off the search's own path otherwise.
+    std::multiset<double>::iterator track(double lb) {
+        return opt_.monitor ? inflight_.insert(lb) : inflight_.end();
+    }
+    void untrack(std::multiset<double>::iterator it) {
+        if (it != inflight_.end()) inflight_.erase(it);
     }
 
     // Depth-first branch and bound below `node` (children in bound order), used when the
@@ -734,12 +741,12 @@ private:
         ++stats_.nodes_expanded;
         std::vector<Node> children;
         Local local(deadline_, cancel_);
-        const auto mark = inflight_.insert(node.lb);
+        const auto mark = track(node.lb);
         report_progress();
         lock.unlock();
         process(node, thr, children, local);
         lock.lock();
-        inflight_.erase(mark);
+        untrack(mark);
         merge(local);
         std::sort(children.begin(), children.end(),
                   [](const Node& a, const Node& b) { return NodeOrder()(b, a); });
@@ -766,14 +773,14 @@ private:
             if (!node.full) {
                 // Tighten the bound now; if it rose, the node goes back to the frontier.
                 ++busy_;
-                const auto mark = inflight_.insert(node.lb);
+                const auto mark = track(node.lb);
                 lock.unlock();
                 const Combo& c = combos_[static_cast<std::size_t>(node.combo)];
                 node.ext_lb = ext_bound(node, c, thr, true);
                 node.full = true;
                 const double lb = std::min(node.own, node.ext_lb);
                 lock.lock();
-                inflight_.erase(mark);
+                untrack(mark);
                 --busy_;
                 if (!std::isfinite(lb)) {
                     ++stats_.pruned_deadline;  // no completion can meet the deadline or budget
@@ -800,14 +807,14 @@ private:
             }
             ++busy_;
             ++stats_.nodes_expanded;
-            const auto mark = inflight_.insert(node.lb);
+            const auto mark = track(node.lb);
             report_progress();
             lock.unlock();
             std::vector<Node> children;
             Local local(deadline_, cancel_);
             process(node, thr, children, local);
             lock.lock();
-            inflight_.erase(mark);
+            untrack(mark);
             merge(local);
             for (Node& ch : children) {
                 if (beyond(ch.lb, threshold())) {
