@@ -79,6 +79,7 @@ class Workload:
     optimizer_bytes_per_param: float
     iterations: float
     deadline_hours: float
+    transfer_usd_per_gb: float
     def __init__(self) -> None: ...
 
 class StageSpec:
@@ -133,6 +134,10 @@ class EstimateResult:
     bubble_fraction: float
     bottleneck_stage: int
     hourly_usd: float
+    instances: list[int]
+    idle_gpus: int
+    transfer_gb: float
+    transfer_usd: float
     total_hours: float
     total_usd: float
     model_flops_per_iteration: float
@@ -217,6 +222,7 @@ class SearchOptions:
     enforce_deadline: bool
     time_limit_s: float
     max_gpu_types: int
+    incumbent: float
     monitor: SearchMonitor | None
     threads: int
     top_k: int

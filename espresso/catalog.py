@@ -1,4 +1,9 @@
-"""GpuType and Catalog: what the cloud offers, at what price, in what quantity."""
+"""GpuType and Catalog: what the cloud offers, at what price, in what quantity.
+
+A catalog is the finished table the search reads: one row (:class:`GpuType`) per rentable
+offer, GPU specs joined in. Offers from cloud catalogs (provider, region, instance type) are
+resolved into rows by :mod:`espresso.cloud`; the plain GPU-type catalogs of the original
+contract are rows already (docs/catalog.md, "Offers")."""
 
 from __future__ import annotations
 
@@ -57,6 +62,22 @@ class GpuType:
     efficiency: float | None = None
     """Optional achieved fraction of peak for matmuls (MFU); the cost model's default
     applies when absent."""
+    gpu: str | None = None
+    """The GPU model (a spec name such as ``A100-40GB``) when ``name`` is an offer's key;
+    ``None``: ``name`` itself."""
+    vendor: str | None = None
+    """The GPU's vendor (``NVIDIA``, ``AMD``): one plan never mixes collective backends.
+    ``None``: from the built-in spec table by the GPU's name, else NVIDIA."""
+    provider: str | None = None
+    """Cloud provider of the offer (``aws``, ``gcp``, ``lambda``); ``None`` for a plain
+    GPU-type row (one unnamed location shared by all such rows)."""
+    region: str | None = None
+    zones: tuple[str, ...] = ()
+    """Zones of the region where the data lists the instance type (empty: not listed)."""
+    instance_type: str | None = None
+    network_source: str | None = None
+    """Where the inter-instance network figure comes from (``assumption`` when no public
+    source states it)."""
 
     def __post_init__(self) -> None:
         err = CatalogError
@@ -92,6 +113,41 @@ class GpuType:
             eff = v.number(f"{where}: efficiency", self.efficiency, minimum=1e-6, maximum=1.0,
                            err=err)
             set_(self, "efficiency", eff)
+        for f in ("gpu", "vendor", "provider", "region", "instance_type", "network_source"):
+            if getattr(self, f) is not None:
+                set_(self, f, v.string(f"{where}: {f}", getattr(self, f), err=err))
+        zones = self.zones
+        if isinstance(zones, str) or not isinstance(zones, (list, tuple)):
+            msg = f"{where}: zones: expected a list of zone names, got {zones!r}"
+            raise CatalogError(msg)
+        set_(self, "zones", tuple(v.string(f"{where}: zones[]", z, err=err) for z in zones))
+        if self.vendor is None:
+            set_(self, "vendor", _default_vendor(self.model))
+
+    @property
+    def model(self) -> str:
+        """The GPU model's name (``gpu``, or ``name`` for a plain GPU-type row)."""
+        return self.gpu or self.name
+
+    @property
+    def instance_price_per_hour(self) -> float:
+        """USD per hour of one whole instance (``gpus_per_node`` GPUs)."""
+        return self.price_per_hour * self.gpus_per_node
+
+    @property
+    def instances(self) -> int:
+        """Whole instances available (``count`` GPUs, rounded up)."""
+        return -(-self.count // self.gpus_per_node)
+
+    @property
+    def location(self) -> str:
+        """``provider/region`` of an offer; ``local`` for a plain GPU-type row."""
+        return f"{self.provider}/{self.region}" if self.provider else "local"
+
+    @property
+    def instance_label(self) -> str:
+        """The instance type, or ``N x <gpu> node`` for a plain GPU-type row."""
+        return self.instance_type or f"{self.gpus_per_node}x {self.model} node"
 
     @classmethod
     def from_dict(cls, data: Any) -> GpuType:
@@ -102,7 +158,10 @@ class GpuType:
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {k: val for k, val in out.items() if val is not None}
+        out["zones"] = list(self.zones)
+        if out["vendor"] == _default_vendor(self.model):
+            out["vendor"] = None
+        return {k: val for k, val in out.items() if val is not None and val != []}
 
     def _spec(self) -> Any:
         g = core.GpuSpec()
@@ -123,9 +182,13 @@ class Catalog:
     """An ordered set of GPU types with unique names."""
 
     gpus: tuple[GpuType, ...]
-    """The GPU types, in catalog order."""
+    """The rows (GPU types, or offers resolved with their GPU specs), in catalog order."""
+    notes: tuple[str, ...] = ()
+    """What the catalog assumes (e.g. the snapshot's date, a default quota); printed with
+    every plan made from it."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
         gpus = tuple(self.gpus)
         if not gpus:
             msg = "catalog.gpus: expected at least one GPU type, got none"
@@ -169,32 +232,107 @@ class Catalog:
     def __getitem__(self, name: str) -> GpuType:
         return self.gpus[self.index(name)]
 
+    def row(self, gpu: str, offer: str | None = None) -> GpuType:
+        """The row a plan's stage names: its offer key, else its GPU (a row of that name, or
+        the only row of that GPU model)."""
+        if offer is not None:
+            return self[offer]
+        if gpu in self:
+            return self[gpu]
+        rows = [g for g in self.gpus if g.model == gpu]
+        if len(rows) == 1:
+            return rows[0]
+        if not rows:
+            return self[gpu]  # raises with suggestions
+        msg = (f"GPU {gpu!r} is offered {len(rows)} times in the catalog "
+               f"({', '.join(r.name for r in rows[:4])}{', ...' if len(rows) > 4 else ''}); "
+               "name the offer (stage `offer`)")
+        raise CatalogError(msg)
+
+    @property
+    def has_offers(self) -> bool:
+        """Some row is a cloud offer (provider, region, instance type)."""
+        return any(g.provider for g in self.gpus)
+
     def with_counts(self, **counts: int) -> Catalog:
         """A copy with the availability of some types changed."""
         updated = {name: int(c) for name, c in counts.items()}
         for name in updated:
             self.index(name)
         return Catalog(gpus=tuple(replace(g, count=updated.get(g.name, g.count))
-                                  for g in self.gpus))
+                                  for g in self.gpus), notes=self.notes)
 
     # ------------------------------------------------------------------ I/O
     @classmethod
-    def builtin(cls) -> Catalog:
-        """The built-in catalog of 13 GPU types (sources: docs/catalog.md)."""
-        return _builtin()
+    def builtin(cls, name: str = "cloud") -> Catalog:
+        """A built-in catalog: ``"cloud"`` (default), the dated snapshot of real AWS, GCP and
+        Lambda offers; ``"gpus"``, the 13 GPU types of the reference table with one price
+        each (sources: docs/catalog.md)."""
+        if name not in BUILTINS:
+            msg = f"unknown built-in catalog {name!r}; built-in: {', '.join(BUILTINS)}"
+            raise CatalogError(msg)
+        return _builtin(BUILTINS[name])
 
     @classmethod
     def from_dict(cls, data: Any) -> Catalog:
+        """A catalog from ``{"gpus": [...]}`` (GPU-type rows), ``{"offers": [...],
+        "specs": [...]}`` (cloud offers, specs optional over the built-in table), or both."""
         data = v.mapping("catalog", data, err=CatalogError)
-        v.known_keys("catalog", data, ["gpus"], ["gpus"], err=CatalogError)
-        entries = data["gpus"]
+        v.known_keys("catalog", data, ["gpus", "offers", "specs", "notes"], [],
+                     err=CatalogError)
+        if "gpus" not in data and "offers" not in data:
+            msg = "catalog: expected `gpus` (GPU types) or `offers` (cloud offers), got neither"
+            raise CatalogError(msg)
+        rows: list[GpuType] = []
+        entries = data.get("gpus", [])
         if not isinstance(entries, list):
             msg = f"catalog.gpus: expected a list of GPU types, got {entries!r}"
             raise CatalogError(msg)
-        return cls(gpus=tuple(GpuType.from_dict(e) for e in entries))
+        rows.extend(GpuType.from_dict(e) for e in entries)
+        if "offers" in data or "specs" in data:
+            from .cloud.offers import Offer
+            from .cloud.specs import SpecTable
+
+            specs = SpecTable.from_list(data.get("specs", []), base=SpecTable.builtin())
+            offers = data.get("offers", [])
+            if not isinstance(offers, list):
+                msg = f"catalog.offers: expected a list of offers, got {offers!r}"
+                raise CatalogError(msg)
+            rows.extend(Offer.from_dict(o).resolve(specs) for o in offers)
+        notes = data.get("notes", [])
+        if not isinstance(notes, list):
+            msg = f"catalog.notes: expected a list of strings, got {notes!r}"
+            raise CatalogError(msg)
+        return cls(gpus=tuple(rows), notes=tuple(str(n) for n in notes))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpus": [g.to_dict() for g in self.gpus]}
+        out: dict[str, Any] = {}
+        if self.notes:
+            out["notes"] = list(self.notes)
+        plain = [g.to_dict() for g in self.gpus if not g.provider]
+        if plain:
+            out["gpus"] = plain
+        offers = [g for g in self.gpus if g.provider]
+        if offers:
+            from .cloud.offers import offer_of
+            from .cloud.specs import SpecTable
+
+            builtin = SpecTable.builtin()
+            specs: dict[str, dict[str, Any]] = {}
+            for g in offers:
+                spec = {"name": g.model, "vendor": g.vendor, "memory_gb": g.memory_gb,
+                        "bf16_tflops": g.bf16_tflops, "mem_bandwidth_gbs": g.mem_bandwidth_gbs,
+                        "intra_node_gbs": g.intra_node_gbs}
+                if g.efficiency is not None:
+                    spec["efficiency"] = g.efficiency
+                known = builtin[g.model].to_dict() if g.model in builtin else None
+                if known is None or any(known.get(k) != val for k, val in spec.items()
+                                        if k != "intra_node_gbs"):
+                    specs.setdefault(g.model, spec)
+            if specs:
+                out["specs"] = list(specs.values())
+            out["offers"] = [offer_of(g).to_dict() for g in offers]
+        return out
 
     @classmethod
     def load(cls, path: str | Path) -> Catalog:
@@ -215,8 +353,24 @@ class Catalog:
 
 
 @cache
-def _builtin() -> Catalog:
-    text = resources.files("espresso").joinpath("data/catalog.yaml").read_text()
+def _spec_vendors() -> dict[str, str]:
+    text = resources.files("espresso").joinpath("data/gpu_specs.yaml").read_text()
     data = yaml.safe_load(text)
+    return {str(row["name"]): str(row["vendor"]) for row in data["specs"]}
+
+
+def _default_vendor(model: str) -> str:
+    return _spec_vendors().get(model, "NVIDIA")
+
+
+BUILTINS = {"cloud": "offers.json", "gpus": "catalog.yaml"}
+"""Built-in catalogs by name and their files under ``espresso/data``."""
+
+
+@cache
+def _builtin(file: str) -> Catalog:
+    text = resources.files("espresso").joinpath(f"data/{file}").read_text()
+    data = json.loads(text) if file.endswith(".json") else yaml.safe_load(text)
+    data.pop("skipped", None)  # the snapshot's build report
     assert isinstance(data, Mapping)
     return Catalog.from_dict(data)

@@ -30,7 +30,33 @@ def _workload(plan: Plan) -> Any:
     w.optimizer_bytes_per_param = job.optimizer_state_bytes
     w.iterations = float(job.num_iterations)
     w.deadline_hours = job.deadline_hours
+    dom = plan.domain or {}
+    if dom.get("spans"):
+        w.transfer_usd_per_gb = float(dom.get("transfer_usd_per_gb", 0.0))
     return w
+
+
+def _cap_links(specs: list[Any], rows: list[Any], plan: Plan) -> None:
+    """A plan spanning zones or regions: every link between instances at most the
+    domain's cross-location figure (docs/catalog.md, "Scopes")."""
+    dom = plan.domain or {}
+    if dom.get("spans") and dom.get("cross_link_gbps"):
+        gbps = float(dom["cross_link_gbps"])
+        for s, g in zip(specs, rows, strict=True):
+            s.inter_node_gbs = min(s.inter_node_gbs, gbps / 8.0 / g.gpus_per_node)
+
+
+def rent_list(rows: list[Any], gpus_used: list[int], instances: list[int]) -> tuple[dict[str, Any], ...]:
+    """What to rent, per catalog row used."""
+    out = []
+    for g, used, inst in zip(rows, gpus_used, instances, strict=True):
+        if used <= 0:
+            continue
+        out.append({"offer": g.name, "provider": g.provider, "region": g.region,
+                    "instance_type": g.instance_label, "gpu": g.model, "instances": int(inst),
+                    "gpus": int(inst) * g.gpus_per_node, "idle_gpus": int(inst) * g.gpus_per_node - int(used),
+                    "hourly_usd": int(inst) * g.instance_price_per_hour})
+    return tuple(out)
 
 
 def _range(layers: tuple[int, int]) -> str:
@@ -135,19 +161,26 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
         raise PlanError(msg)
     catalog = Catalog.builtin() if catalog is None else catalog
     params = plan.cost_model if cost_model is None else cost_model
-    # Only the GPU types the plan uses travel to the core.
+    # Only the catalog rows the plan uses travel to the core.
     names: list[str] = []
+    keys: list[str] = []
     for st in plan.stages:
-        catalog.index(st.gpu)
-        if st.gpu not in names:
-            names.append(st.gpu)
-    specs = [catalog[n]._spec() for n in names]
+        row = catalog.row(st.gpu, st.offer)
+        if row.model != st.gpu:
+            msg = (f"stage {plan.stages.index(st)}: offer {row.name} rents {row.model}, "
+                   f"not {st.gpu}")
+            raise PlanError(msg)
+        keys.append(row.name)
+        if row.name not in names:
+            names.append(row.name)
+    rows = [catalog[n] for n in names]
+    specs = [g._spec() for g in rows]
+    _cap_links(specs, rows, plan)
     profiles = plan.profiles if profiles is None else as_profiles(profiles)
-    apply_profiles(specs, names, catalog, plan.job.model, params,
-                   {g: p for g, p in profiles.items() if g in names})
+    apply_profiles(specs, names, catalog, plan.job.model, params, profiles)
     core_stages = [
-        core.StageSpec(names.index(st.gpu), st.tp, st.layers[0], st.layers[1])
-        for st in plan.stages
+        core.StageSpec(names.index(k), st.tp, st.layers[0], st.layers[1])
+        for k, st in zip(keys, plan.stages, strict=True)
     ]
     try:
         res = core.estimate(plan.job.model._dims(), specs, params._core(), _workload(plan),
@@ -195,4 +228,9 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
         gpus=dict(zip(names, res.gpus_used, strict=True)),
         stages=tuple(stages),
         reasons=reasons,
+        instances=dict(zip(names, res.instances, strict=True)),
+        idle_gpus=res.idle_gpus,
+        transfer_gb=res.transfer_gb,
+        transfer_usd=res.transfer_usd,
+        rent=rent_list(rows, list(res.gpus_used), list(res.instances)),
     )

@@ -3,7 +3,7 @@ plan module can hold an estimate without importing the estimator)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from . import _validate as v
@@ -96,6 +96,17 @@ class Estimate:
     stages: tuple[StageEstimate, ...]
     reasons: tuple[str, ...]
     """Why the plan is infeasible, in words (empty when feasible)."""
+    instances: dict[str, int] = field(default_factory=dict)
+    """Whole instances rented per catalog row (offer key, or GPU type)."""
+    idle_gpus: int = 0
+    """GPUs in the rented instances that no stage uses (paid for all the same)."""
+    transfer_gb: float = 0.0
+    """GB per iteration sent between stages in different locations (charged)."""
+    transfer_usd: float = 0.0
+    """Data-transfer charges over the job (included in ``total_usd``)."""
+    rent: tuple[dict[str, Any], ...] = ()
+    """What to rent: per catalog row, ``{offer, provider, region, instance_type, gpu,
+    instances, gpus, idle_gpus, hourly_usd}``."""
 
     @property
     def bottleneck(self) -> StageEstimate:
@@ -107,6 +118,8 @@ class Estimate:
             val = getattr(self, f.name)
             if f.name == "stages":
                 val = [s.to_dict() for s in val]
+            elif f.name == "rent":
+                val = [dict(r) for r in val]
             elif isinstance(val, tuple):
                 val = list(val)
             elif isinstance(val, dict):
@@ -118,8 +131,11 @@ class Estimate:
     def from_dict(cls, data: Any) -> Estimate:
         data = dict(v.mapping("estimate", data, err=PlanError))
         names = [f.name for f in fields(cls)]
-        v.known_keys("estimate", data, names, names, err=PlanError)
+        optional = ("instances", "idle_gpus", "transfer_gb", "transfer_usd", "rent")
+        v.known_keys("estimate", data, names, [n for n in names if n not in optional],
+                     err=PlanError)
         data["stages"] = tuple(StageEstimate.from_dict(s) for s in data["stages"])
+        data["rent"] = tuple(dict(r) for r in data.get("rent", ()))
         for key in ("stage_time_s", "stage_memory_gb", "reasons"):
             data[key] = tuple(data[key])
         return cls(**data)

@@ -23,7 +23,9 @@ MAX_STAGES = 1024
 MAX_MICROBATCHES = 1 << 20
 
 _PLAN_KEYS = ("schema", "job", "dp", "micro_batch_size", "num_microbatches", "schedule",
-              "recompute", "stages", "gpus", "estimate", "cost_model", "profiles", "stats")
+              "recompute", "stages", "gpus", "estimate", "cost_model", "profiles", "stats",
+              "domain")
+_OFFER_KEYS = ("provider", "region", "instance_type")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,16 +33,26 @@ class Stage:
     """One pipeline stage: a GPU type, its tensor-parallel width and its blocks."""
 
     gpu: str
-    """GPU type name in the catalog."""
+    """GPU type name in the catalog (the GPU model when ``offer`` is given)."""
     tp: int = 1
     """Tensor-parallel width (GPUs of the stage in one replica, inside one node)."""
     layers: tuple[int, int]
     """Half-open range ``[begin, end)`` of transformer blocks. Stage 0 also holds the
     embedding; the last stage the final norm, LM head and loss."""
 
+    offer: str | None = None
+    """The catalog offer the stage rents (``provider/region/instance_type``); ``None`` for
+    a plain GPU-type catalog."""
+
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "gpu", v.string("stage.gpu", self.gpu, err=PlanError))
+        if self.offer is not None:
+            offer = v.string("stage.offer", self.offer, err=PlanError)
+            if len(offer.split("/")) != 3 or not all(offer.split("/")):
+                msg = (f"stage.offer: expected provider/region/instance_type, got {offer!r}")
+                raise PlanError(msg)
+            set_(self, "offer", offer)
         set_(self, "tp", v.integer("stage.tp", self.tp, minimum=1, maximum=1024, err=PlanError))
         layers = self.layers
         if not isinstance(layers, (list, tuple)) or len(layers) != 2:
@@ -57,16 +69,24 @@ class Stage:
     @classmethod
     def from_dict(cls, data: Any, index: int = 0) -> Stage:
         data = v.mapping(f"stages[{index}]", data, err=PlanError)
-        v.known_keys(f"stages[{index}]", data, ("gpu", "tp", "layers"), ("gpu", "layers"),
-                     err=PlanError)
+        v.known_keys(f"stages[{index}]", data, ("gpu", "tp", "layers", "offer"),
+                     ("gpu", "layers"), err=PlanError)
+        data = dict(data)
+        if isinstance(data.get("offer"), dict):
+            off = data["offer"]
+            v.known_keys(f"stages[{index}].offer", off, _OFFER_KEYS, _OFFER_KEYS, err=PlanError)
+            data["offer"] = "/".join(str(off[k]) for k in _OFFER_KEYS)
         try:
-            return cls(**dict(data))
+            return cls(**data)
         except PlanError as exc:
             msg = str(exc).replace("stage.", f"stages[{index}].", 1)
             raise PlanError(msg) from None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpu": self.gpu, "tp": self.tp, "layers": list(self.layers)}
+        out: dict[str, Any] = {"gpu": self.gpu, "tp": self.tp, "layers": list(self.layers)}
+        if self.offer is not None:
+            out["offer"] = dict(zip(_OFFER_KEYS, self.offer.split("/"), strict=True))
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,9 +119,26 @@ class Plan:
     """Measured profiles (``{gpu: espresso.Profile}``) that replace the analytic block costs
     of those GPU types in the estimate; part of the plan so it estimates the same when read
     back."""
+    domain: dict[str, Any] | None = None
+    """Where the plan runs (``scope``, ``provider``, ``region``, ``zone``, ``vendor``; and
+    ``spans``, ``transfer_usd_per_gb``, ``cross_link_gbps`` when its instances span zones or
+    regions, which the estimate then charges). ``None``: one location, nothing charged."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if self.domain is not None:
+            dom = dict(v.mapping("plan.domain", self.domain, err=PlanError))
+            v.known_keys("plan.domain", dom, ("scope", "provider", "region", "zone", "vendor",
+                                             "spans", "transfer_usd_per_gb",
+                                             "cross_link_gbps"), (), err=PlanError)
+            for k in ("transfer_usd_per_gb", "cross_link_gbps"):
+                if k in dom:
+                    dom[k] = v.number(f"plan.domain.{k}", dom[k], minimum=0, maximum=1e6,
+                                      err=PlanError)
+            if "cross_link_gbps" in dom and dom["cross_link_gbps"] <= 0:
+                msg = f"plan.domain.cross_link_gbps: expected > 0, got {dom['cross_link_gbps']}"
+                raise PlanError(msg)
+            set_(self, "domain", dom)
         if not isinstance(self.job, Job):
             msg = f"plan.job: expected a Job, got {type(self.job).__name__}"
             raise PlanError(msg)
@@ -145,7 +182,7 @@ class Plan:
 
     @property
     def gpus(self) -> dict[str, int]:
-        """GPUs rented per type: ``dp * sum(tp)`` over the stages of that type."""
+        """GPUs used per GPU type: ``dp * sum(tp)`` over the stages of that type."""
         out: dict[str, int] = {}
         for st in self.stages:
             out[st.gpu] = out.get(st.gpu, 0) + st.tp * self.dp
@@ -198,7 +235,7 @@ class Plan:
         plan = cls(job=job, stages=stages, dp=dp, micro_batch_size=mbs, num_microbatches=m,
                    schedule=data.get("schedule", "1f1b"), recompute=data.get("recompute", "none"),
                    cost_model=cost, estimate=est, stats=data.get("stats"),
-                   profiles=data.get("profiles") or {})
+                   profiles=data.get("profiles") or {}, domain=data.get("domain"))
         if "gpus" in data:
             given = v.mapping("plan.gpus", data["gpus"], err=PlanError)
             if dict(given) != plan.gpus:
@@ -228,6 +265,8 @@ class Plan:
             out["cost_model"] = changed
         if self.profiles:
             out["profiles"] = {g: p.to_dict() for g, p in self.profiles.items()}
+        if self.domain is not None:
+            out["domain"] = dict(self.domain)
         if self.estimate is not None:
             out["estimate"] = self.estimate.to_dict()
         if stats and self.stats is not None:

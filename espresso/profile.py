@@ -140,7 +140,7 @@ class Profile:
     def factors(self, model: Any, gpu: Any, cost: CostParams) -> dict[str, float]:
         """The cost model's factors for ``gpu`` (a GpuType), relative to its analytic times."""
         self.check_model(model)
-        if gpu.name != self.gpu:
+        if gpu.model != self.gpu:
             msg = f"a profile of {self.gpu} was given for GPU type {gpu.name}"
             raise ProfileError(msg)
         dims = model._dims()
@@ -198,11 +198,14 @@ def as_profiles(profiles: Any) -> dict[str, Profile]:
 def apply_profiles(specs: list[Any], names: list[str], catalog: Any, model: Any,
                    cost: CostParams, profiles: Mapping[str, Profile]) -> None:
     """Set the profile factors on the core GpuSpecs (``specs[i]`` is type ``names[i]``)."""
+    models = {g.model for g in catalog}
     for gpu in profiles:
-        catalog.index(gpu)  # an unknown GPU type is an error, not silently ignored
+        if gpu not in models:
+            catalog.index(gpu)  # an unknown GPU type is an error, not silently ignored
     for spec, name in zip(specs, names, strict=True):
-        if name in profiles:
-            for k, val in profiles[name].factors(model, catalog[name], cost).items():
+        row = catalog[name]
+        if row.model in profiles:  # a profile is of a GPU model, wherever it is rented
+            for k, val in profiles[row.model].factors(model, row, cost).items():
                 setattr(spec, k, val)
 
 

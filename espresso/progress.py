@@ -81,6 +81,10 @@ class SearchProgress:
                 mon.cancel()
         return mon
 
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
     def cancel(self) -> None:
         with self._lock:
             self._cancelled = True

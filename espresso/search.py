@@ -10,7 +10,8 @@ from typing import Any
 
 from . import _validate as v
 from ._native import core
-from .catalog import Catalog
+from .catalog import Catalog, GpuType
+from .cloud.domains import SCOPES, Subproblem, apply_crossing, locations_of, subproblems
 from .cost import CostParams
 from .errors import EspressoError, SpecError
 from .estimate import _workload, estimate
@@ -70,6 +71,12 @@ class SearchStats:
     """The whole space was searched (or pruned by admissible bounds)."""
     timed_out: bool
     objective: str
+    subproblems: int = 1
+    """(Domain, vendor) subproblems of the catalog (docs/catalog.md, "Scopes")."""
+    subproblems_searched: int = 1
+    """Those searched; the others were cut by a bound before their search began."""
+    domain: str | None = None
+    """The winning plan's domain and vendor."""
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -133,8 +140,10 @@ def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | 
     return o
 
 
-def _job_workload(job: Job) -> Any:
+def _job_workload(job: Job, sp: Subproblem | None = None) -> Any:
     w = core.Workload()
+    if sp is not None and sp.crossing is not None:
+        w.transfer_usd_per_gb = sp.crossing.usd_per_gb
     w.seq_len = job.seq_len
     w.global_batch_size = job.global_batch_size
     w.optimizer_bytes_per_param = job.optimizer_state_bytes
@@ -146,16 +155,20 @@ def _job_workload(job: Job) -> Any:
     return w
 
 
-def _to_plan(sp: Any, job: Job, catalog: Catalog, cost: CostParams,
-             stats: dict[str, Any] | None, profiles: dict[str, Any]) -> Plan:
+def _stage(row: GpuType, tp: int, layers: tuple[int, int]) -> Stage:
+    return Stage(gpu=row.model, tp=tp, layers=layers, offer=row.name if row.provider else None)
+
+
+def _to_plan(sp: Any, job: Job, catalog: Catalog, rows: Sequence[GpuType], cost: CostParams,
+             stats: dict[str, Any] | None, profiles: dict[str, Any],
+             domain: dict[str, Any] | None) -> Plan:
     w = sp.work
-    stages = tuple(Stage(gpu=catalog.gpus[s.gpu].name, tp=s.tp, layers=(s.layer_begin, s.layer_end))
-                   for s in sp.stages)
+    stages = tuple(_stage(rows[s.gpu], s.tp, (s.layer_begin, s.layer_end)) for s in sp.stages)
     plan = Plan(job=job, stages=stages, dp=w.dp, micro_batch_size=w.micro_batch_size,
                 num_microbatches=w.num_microbatches,
                 schedule="gpipe" if w.schedule == core.Schedule.GPIPE else "1f1b",
                 recompute="full" if w.recompute == core.Recompute.FULL else "none",
-                cost_model=cost, stats=stats,
+                cost_model=cost, stats=stats, domain=domain,
                 profiles={g: p for g, p in profiles.items() if any(st.gpu == g for st in stages)})
     est = estimate(plan, catalog)
     # The search optimised exactly what estimate() reports.
@@ -172,20 +185,24 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
            cost_model: CostParams | None = None, enforce_deadline: bool = True,
            prune: dict[str, bool] | None = None, profiles: Any = None,
            max_gpu_types: int | None = None, progress: SearchProgress | None = None,
-           phase: str = "searching") -> SearchResult:
+           phase: str = "searching", scope: str = "region") -> SearchResult:
     """Run the search and return up to ``top_k`` plans with the statistics.
 
     ``time_limit_s`` is a wall-clock limit (default 60 s; ``None``: none): the search then
     returns the best plans found so far with ``stats.gap``. ``max_gpu_types`` limits the
-    distinct GPU types of a plan (1: single-type plans). ``progress`` (a
+    distinct GPU types (catalog rows) of a plan (1: single-type plans). ``progress`` (a
     :class:`SearchProgress`) is updated while the search runs and can cancel it.
 
     The space: data-parallel degree (any divisor of the global batch), micro-batch size,
-    recomputation, and pipelines of up to ``max_stages`` stages, each a GPU type with a
-    power-of-two tensor-parallel width inside one node (at most ``max_tp``), in any order with
-    any contiguous layer split, within every type's availability. ``objective="cost"``
-    minimises total USD with total hours within the deadline; ``objective="time"`` minimises
-    total hours within ``budget_usd`` (the deadline is then ignored).
+    recomputation, and pipelines of up to ``max_stages`` stages, each a catalog row (GPU type
+    or cloud offer) with a power-of-two tensor-parallel width inside one instance (at most
+    ``max_tp``), in any order with any contiguous layer split, within every row's
+    availability, paying whole instances. A plan uses one vendor's GPUs and one network
+    domain: ``scope`` ``zone``, ``region`` (default) or ``provider`` (docs/catalog.md);
+    each (domain, vendor) is a subproblem, searched cheapest bound first with the best plan
+    so far as the incumbent. ``objective="cost"`` minimises total USD with total hours within
+    the deadline; ``objective="time"`` minimises total hours within ``budget_usd`` (the
+    deadline is then ignored).
     """
     if not isinstance(job, Job):
         msg = f"search: expected a Job, got {type(job).__name__}"
@@ -194,6 +211,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     cost = CostParams() if cost_model is None else cost_model
     if objective == "time":
         enforce_deadline = False
+    scope = v.choice("scope", scope, SCOPES)
     opts = _options(objective=objective, budget_usd=budget_usd, time_limit_s=time_limit_s,
                     threads=threads, top_k=top_k, max_stages=max_stages, max_tp=max_tp,
                     micro_batch_sizes=micro_batch_sizes, recompute=recompute,
@@ -205,30 +223,136 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
             raise SpecError(msg)
         opts.monitor = progress._start(phase, objective)
     profs = as_profiles(profiles)
-    specs = catalog._specs()
-    apply_profiles(specs, catalog.names, catalog, job.model, cost, profs)
-    try:
-        res = core.search(job.model._dims(), specs, cost._core(), _job_workload(job), opts)
-    except ValueError as exc:
-        msg = f"search: {exc}"
-        raise SpecError(msg) from None
-    s = res.stats
-    best = res.plans[0].objective if res.plans else math.inf
-    gap = 0.0 if s.complete and res.plans else (
-        (best - s.lower_bound) / best if res.plans and best > 0 else math.inf)
+    budget = TimeBudget.of(time_limit_s)
+    by_cost = opts.objective == core.Objective.COST
+    dims = job.model._dims()
+    # FLOPs of the whole job at the least work per sequence (no recomputation): a bound on
+    # every plan's compute, for the bounds that order and cut subproblems.
+    per_seq = 3.0 * (job.model.num_layers * core.block_fwd_flops(dims, job.seq_len, 1)
+                     + core.head_fwd_flops(dims, job.seq_len, 1))
+    job_flops = float(job.num_iterations) * job.global_batch_size * per_seq
+    prepared = []
+    for sp in subproblems(catalog, scope):
+        rows = [catalog.gpus[i] for i in sp.rows]
+        names = [g.name for g in rows]
+        specs = [g._spec() for g in rows]
+        apply_profiles(specs, names, catalog, job.model, cost, profs)
+        apply_crossing(specs, rows, sp.crossing)
+        rates = [sp_.tflops * 1e12 * (sp_.efficiency or cost.efficiency)
+                 / min(sp_.block_fwd_scale, sp_.block_bwd_scale, sp_.head_fwd_scale,
+                       sp_.head_bwd_scale) for sp_ in specs]
+        total_rate = sum(g.count * r for g, r in zip(rows, rates, strict=True))
+        hours = job_flops / (3600.0 * total_rate) if total_rate > 0 else math.inf
+        if enforce_deadline and opts.prune_deadline and hours > job.deadline_hours * (1 + 1e-9):
+            bound = math.inf  # even every GPU of the domain at full rate misses the deadline
+        elif by_cost:
+            bound = min((job_flops / 3600.0 * g.price_per_hour / r
+                         for g, r in zip(rows, rates, strict=True) if g.count > 0 and r > 0),
+                        default=math.inf)
+        else:
+            bound = hours
+        prepared.append((bound, len(prepared), sp, rows, specs))
+    prepared.sort(key=lambda t: (t[0], t[1]))
+    # Subproblems with the same content (same prices, GPUs, links, counts: e.g. a provider
+    # that prices every region alike) have the same best plans: only the first is searched.
+    seen_content: set[tuple[Any, ...]] = set()
+    unique = []
+    for item in prepared:
+        content = (item[2].crossing, tuple(
+            (g.model, g.instance_type, g.gpus_per_node, g.price_per_hour, g.count,
+             g.intra_node_gbs, g.inter_node_gbs, g.efficiency) for g in item[3]),
+            tuple((s_.block_fwd_scale, s_.block_bwd_scale, s_.head_fwd_scale,
+                   s_.head_bwd_scale, s_.activation_scale) for s_ in item[4]))
+        if content not in seen_content:
+            seen_content.add(content)
+            unique.append(item)
+    prepared = unique
+    found: list[tuple[tuple[Any, ...], Any, Subproblem, list[GpuType]]] = []
+    agg = {k: 0 for k in ("nodes_expanded", "nodes_generated", "pruned_cost", "pruned_deadline",
+                          "pruned_memory", "pruned_availability", "pruned_dominance",
+                          "leaves_placed", "placer_nodes", "placer_leaves", "dives", "combos")}
+    peak = 0
+    complete, timed_out = True, False
+    open_lb = math.inf
+    searched = 0
+    seconds = 0.0
+    threads_used = opts.threads
+
+    def kth() -> float:
+        return found[top_k - 1][0][0] if len(found) >= top_k else math.inf
+
+    for n, (bound, _, sp, rows, specs) in enumerate(prepared):
+        if not math.isfinite(bound) or bound > kth() * (1 + 1e-9):
+            if math.isfinite(bound):
+                agg["pruned_cost"] += 1
+            else:
+                agg["pruned_deadline"] += 1
+            continue
+        left = budget.share(1.0)
+        if (left is not None and left <= 0) or (progress is not None and progress.cancelled):
+            complete, timed_out = False, True
+            open_lb = min(open_lb, min((b for b, *_ in prepared[n:]), default=math.inf))
+            break
+        opts.time_limit_s = 0.0 if left is None else max(left, 1e-3)
+        opts.incumbent = kth()
+        try:
+            res = core.search(dims, specs, cost._core(), _job_workload(job, sp), opts)
+        except ValueError as exc:
+            msg = f"search: {exc}"
+            raise SpecError(msg) from None
+        searched += 1
+        st = res.stats
+        for k in agg:
+            agg[k] += getattr(st, k)
+        peak = max(peak, st.frontier_peak)
+        seconds += st.seconds
+        threads_used = st.threads
+        if not st.complete:
+            complete = False
+            open_lb = min(open_lb, st.lower_bound)
+        timed_out = timed_out or st.timed_out
+        for p in res.plans:
+            used = [rows[s.gpu] for s in p.stages]
+            if sp.spans and locations_of(used, sp.spans) == 1:
+                continue  # one location: its own subproblem prices it exactly
+            key = (p.objective, n, *_plan_key(p))
+            found.append((key, p, sp, rows))
+        found.sort(key=lambda t: t[0])
+        del found[top_k:]
+        if timed_out:
+            rest = [b for b, *_ in prepared[n + 1:] if math.isfinite(b)]
+            if rest:
+                complete = False
+                open_lb = min(open_lb, min(rest))
+            break
+    best = found[0][0][0] if found else math.inf
+    lower = best if complete else min(best, open_lb)
+    gap = 0.0 if complete and found else (
+        (best - lower) / best if found and best > 0 else math.inf)
     stats = SearchStats(
-        nodes_expanded=s.nodes_expanded, nodes_generated=s.nodes_generated,
-        pruned={"cost": s.pruned_cost, "deadline": s.pruned_deadline, "memory": s.pruned_memory,
-                "availability": s.pruned_availability, "dominance": s.pruned_dominance},
-        leaves_placed=s.leaves_placed, placer_nodes=s.placer_nodes,
-        placer_leaves=s.placer_leaves, frontier_peak=s.frontier_peak, dives=s.dives,
-        combos=s.combos,
-        seconds=s.seconds, threads=s.threads, lower_bound=s.lower_bound, gap=max(0.0, gap),
-        complete=s.complete, timed_out=s.timed_out,
-        objective="cost" if opts.objective == core.Objective.COST else "time")
-    plans = [_to_plan(sp, job, catalog, cost, {**stats.to_dict(), "rank": i + 1}, profs)
-             for i, sp in enumerate(res.plans)]
+        nodes_expanded=agg["nodes_expanded"], nodes_generated=agg["nodes_generated"],
+        pruned={"cost": agg["pruned_cost"], "deadline": agg["pruned_deadline"],
+                "memory": agg["pruned_memory"], "availability": agg["pruned_availability"],
+                "dominance": agg["pruned_dominance"]},
+        leaves_placed=agg["leaves_placed"], placer_nodes=agg["placer_nodes"],
+        placer_leaves=agg["placer_leaves"], frontier_peak=peak, dives=agg["dives"],
+        combos=agg["combos"], seconds=seconds, threads=threads_used,
+        lower_bound=lower if found or not complete else math.inf, gap=max(0.0, gap),
+        complete=complete, timed_out=timed_out,
+        objective="cost" if by_cost else "time", subproblems=len(prepared),
+        subproblems_searched=searched, domain=found[0][2].label if found else None)
+    show_domain = catalog.has_offers or len(prepared) > 1
+    plans = [_to_plan(p, job, catalog, rows, cost, {**stats.to_dict(), "rank": i + 1}, profs,
+                      sp.domain(scope) if show_domain or sp.spans else None)
+             for i, (_, p, sp, rows) in enumerate(found)]
     return SearchResult(plans=plans, stats=stats)
+
+
+def _plan_key(p: Any) -> tuple[Any, ...]:
+    gpus = sum(s.tp for s in p.stages) * p.work.dp
+    return (gpus, p.estimate.iteration_s, p.work.dp, p.work.micro_batch_size,
+            int(p.work.recompute), tuple((s.gpu, s.tp, s.layer_begin, s.layer_end)
+                                         for s in p.stages))
 
 
 def _rent(plan: Plan) -> str:

@@ -75,11 +75,15 @@ def test_two_stage_plan_by_hand(tiny_job: es.Job, tiny_catalog: es.Catalog,
     # Last stage: also fp32 logits of one micro-batch, s*b*V*4 = 6400 bytes.
     assert s1.memory_gb * 1e9 == pytest.approx(43456 * 16 + 1 * BLOCK_ACT + 6400)
     assert s0.capacity_gb == pytest.approx(4 * 0.95 - 1.5)
-    # Cost: 2 GPUs of X at $2 and 2 of Y at $3; 1000 iterations.
+    # Cost: 2 GPUs of X at $2 and 2 of Y at $3, rented as whole 8-GPU instances: one of
+    # each, 6 idle GPUs in each, 8 * 2 + 8 * 3 = $40/h; 1000 iterations.
     assert est.gpus == {"X": 2, "Y": 2}
-    assert est.hourly_usd == pytest.approx(10.0)
+    assert est.instances == {"X": 1, "Y": 1}
+    assert est.idle_gpus == 12
+    assert est.hourly_usd == pytest.approx(40.0)
     assert est.total_hours == pytest.approx(1000 * 0.0906039552 / 3600)
-    assert est.total_usd == pytest.approx(10.0 * 1000 * 0.0906039552 / 3600)
+    assert est.total_usd == pytest.approx(40.0 * 1000 * 0.0906039552 / 3600)
+    assert est.transfer_usd == 0
     assert est.feasible and est.meets_deadline
     assert est.bottleneck_stage == 0
     # bubble: 1 - (87.293952 + 17.006592) / (2 * 87.293952)

@@ -83,7 +83,8 @@ void register_cost_model(py::module_& m) {
         .def_readwrite("recompute", &Workload::recompute)
         .def_readwrite("optimizer_bytes_per_param", &Workload::optimizer_bytes_per_param)
         .def_readwrite("iterations", &Workload::iterations)
-        .def_readwrite("deadline_hours", &Workload::deadline_hours);
+        .def_readwrite("deadline_hours", &Workload::deadline_hours)
+        .def_readwrite("transfer_usd_per_gb", &Workload::transfer_usd_per_gb);
 
     py::class_<StageSpec>(m, "StageSpec")
         .def(py::init<>())
@@ -134,6 +135,10 @@ void register_cost_model(py::module_& m) {
         .def_readonly("bubble_fraction", &EstimateResult::bubble_fraction)
         .def_readonly("bottleneck_stage", &EstimateResult::bottleneck_stage)
         .def_readonly("hourly_usd", &EstimateResult::hourly_usd)
+        .def_readonly("instances", &EstimateResult::instances)
+        .def_readonly("idle_gpus", &EstimateResult::idle_gpus)
+        .def_readonly("transfer_gb", &EstimateResult::transfer_gb)
+        .def_readonly("transfer_usd", &EstimateResult::transfer_usd)
         .def_readonly("total_hours", &EstimateResult::total_hours)
         .def_readonly("total_usd", &EstimateResult::total_usd)
         .def_readonly("model_flops_per_iteration", &EstimateResult::model_flops_per_iteration)

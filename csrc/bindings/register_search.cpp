@@ -60,6 +60,7 @@ void register_search(py::module_& m) {
         .def_readwrite("enforce_deadline", &SearchOptions::enforce_deadline)
         .def_readwrite("time_limit_s", &SearchOptions::time_limit_s)
         .def_readwrite("max_gpu_types", &SearchOptions::max_gpu_types)
+        .def_readwrite("incumbent", &SearchOptions::incumbent)
         .def_readwrite("monitor", &SearchOptions::monitor)
         .def_readwrite("threads", &SearchOptions::threads)
         .def_readwrite("top_k", &SearchOptions::top_k)

@@ -227,6 +227,10 @@ void validate(const Workload& w) {
         bad("iterations", w.iterations, "in [0, 1e19]");
     }
     check_nonneg("deadline_hours", w.deadline_hours);
+    if (!std::isfinite(w.transfer_usd_per_gb) || w.transfer_usd_per_gb < 0 ||
+        w.transfer_usd_per_gb > 1e6) {
+        bad("transfer_usd_per_gb", w.transfer_usd_per_gb, "in [0, 1e6]");
+    }
 }
 
 StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostParams& params,
@@ -288,6 +292,22 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
 
 double dp_link_gbs(const GpuSpec& g, std::int64_t dp, std::int64_t tp) {
     return dp * tp <= g.gpus_per_node ? g.intra_node_gbs : g.inter_node_gbs;
+}
+
+std::int64_t instances_for(const GpuSpec& g, std::int64_t gpus) {
+    return gpus <= 0 ? 0 : (gpus + g.gpus_per_node - 1) / g.gpus_per_node;
+}
+
+double billed_hourly(const GpuSpec& g, std::int64_t gpus) {
+    return d(instances_for(g, gpus)) * d(g.gpus_per_node) * g.price_per_hour;
+}
+
+double boundary_gb(const ModelDims& m, const CostParams& p, const Workload& w,
+                   std::int64_t num_stages) {
+    const double msg = d(w.seq_len) * d(w.micro_batch_size) * d(m.hidden_size) *
+                       p.bytes_per_activation;
+    return d(std::max<std::int64_t>(0, num_stages - 1)) * 2.0 * msg * d(w.num_microbatches) *
+           d(w.dp) / kGB;
 }
 
 double usable_bytes(const GpuSpec& g, const CostParams& params) {
@@ -429,12 +449,16 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
         r.optimizer_step_s = std::max(r.optimizer_step_s, e.optimizer_step_s);
     }
 
+    r.instances.assign(gpus.size(), 0);
     for (std::size_t g = 0; g < gpus.size(); ++g) {
         if (r.gpus_used[g] > gpus[g].count) {
             r.issues.push_back({IssueKind::Availability, -1, static_cast<std::int64_t>(g),
                                 d(r.gpus_used[g]), d(gpus[g].count), ""});
         }
-        r.hourly_usd += d(r.gpus_used[g]) * gpus[g].price_per_hour;
+        // Whole instances: the GPUs a plan leaves idle in them are paid for.
+        r.instances[g] = instances_for(gpus[g], r.gpus_used[g]);
+        r.idle_gpus += r.instances[g] * gpus[g].gpus_per_node - r.gpus_used[g];
+        r.hourly_usd += billed_hourly(gpus[g], r.gpus_used[g]);
     }
 
     const PipelineResult pipe = simulate_pipeline(fwd, bwd, send_f, send_b, M, work.schedule);
@@ -452,7 +476,11 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
     r.iteration_s = r.pipeline_s + r.dp_allreduce_s + r.optimizer_step_s;
     r.model_flops_per_iteration = flops_iter;
     r.total_hours = work.iterations * r.iteration_s / 3600.0;
-    r.total_usd = r.hourly_usd * r.total_hours;
+    r.transfer_gb = boundary_gb(model, params, work, P);
+    r.transfer_usd = work.transfer_usd_per_gb > 0
+                         ? work.iterations * r.transfer_gb * work.transfer_usd_per_gb
+                         : 0.0;
+    r.total_usd = r.hourly_usd * r.total_hours + r.transfer_usd;
     r.feasible = r.issues.empty();
     r.meets_deadline = r.total_hours <= work.deadline_hours;
     return r;

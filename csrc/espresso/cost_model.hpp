@@ -35,9 +35,9 @@ struct GpuSpec {
     double intra_node_gbs = 0;      // GB/s per GPU, one direction
     double inter_node_gbs = 0;      // GB/s per GPU, one direction
     double efficiency = 0;          // achieved fraction of peak; 0: use CostParams
-    double price_per_hour = 0;      // USD per GPU-hour
-    std::int64_t count = 0;         // availability
-    std::int64_t gpus_per_node = 1;
+    double price_per_hour = 0;      // USD per GPU-hour (an instance's price / gpus_per_node)
+    std::int64_t count = 0;         // availability, GPUs (whole instances: a multiple of the node)
+    std::int64_t gpus_per_node = 1; // GPUs per instance; a plan rents whole instances
     // Measured profile (espresso.profile), as factors on the analytic model: a block's
     // forward and backward compute time, the head's, and a block's stashed activations.
     // 1: analytic. profile_min_time_scale() is the least of the four time factors.
@@ -85,6 +85,9 @@ struct Workload {
     double optimizer_bytes_per_param = 12.0;  // fp32 master + Adam m and v
     double iterations = 0;                    // optimizer steps of the job
     double deadline_hours = 0;
+    // USD per GB sent between pipeline stages (0: none). Set for plans whose instances
+    // span zones or regions; every stage boundary is charged (docs/catalog.md, "Scopes").
+    double transfer_usd_per_gb = 0;
 };
 
 struct StageSpec {
@@ -138,6 +141,8 @@ struct StageEstimate {
 struct EstimateResult {
     std::vector<StageEstimate> stages;
     std::vector<std::int64_t> gpus_used;  // per GPU type
+    std::vector<std::int64_t> instances;  // per GPU type: whole instances rented
+    std::int64_t idle_gpus = 0;           // GPUs rented (whole instances) but unused
     double pipeline_s = 0;
     double dp_allreduce_s = 0;
     double optimizer_step_s = 0;
@@ -145,7 +150,9 @@ struct EstimateResult {
     double closed_form_s = 0;   // sum(f+b) + (M-1) max(f+b), a check
     double bubble_fraction = 0;
     std::int64_t bottleneck_stage = 0;
-    double hourly_usd = 0;
+    double hourly_usd = 0;                 // whole instances
+    double transfer_gb = 0;                // per iteration, charged at transfer_usd_per_gb
+    double transfer_usd = 0;               // over the job
     double total_hours = 0;
     double total_usd = 0;
     double model_flops_per_iteration = 0;  // 6*N*T style count without recomputation
@@ -173,6 +180,14 @@ double ring_allreduce_s(double bytes, std::int64_t k, double gbs, const CostPara
 // GB/s per GPU of the DP gradient all-reduce of a stage of `tp` GPUs of `g` with `dp`
 // replicas: the intra-node link when all dp * tp GPUs fit in one node, else the network.
 double dp_link_gbs(const GpuSpec& g, std::int64_t dp, std::int64_t tp);
+
+// USD per hour of `gpus` GPUs of `g` rented as whole instances of gpus_per_node.
+double billed_hourly(const GpuSpec& g, std::int64_t gpus);
+// Whole instances that hold `gpus` GPUs of `g`.
+std::int64_t instances_for(const GpuSpec& g, std::int64_t gpus);
+// GB sent between the pipeline stages of one iteration (both directions, every replica).
+double boundary_gb(const ModelDims& m, const CostParams& p, const Workload& w,
+                   std::int64_t num_stages);
 
 // Usable memory of one GPU after the head-room.
 double usable_bytes(const GpuSpec& g, const CostParams& p);

@@ -339,8 +339,14 @@ private:
         return use_memo_ ? sum_rest(left, l, prev, idx) : 0.0;
     }
 
+    double cutoff() const {
+        if (opt_.incumbent == nullptr) return opt_.cutoff_s;
+        const double inc = opt_.incumbent->load(std::memory_order_relaxed) * opt_.incumbent_scale;
+        return std::isnan(inc) ? opt_.cutoff_s : std::min(opt_.cutoff_s, inc);
+    }
+
     bool prune(double bound) const {
-        return bound > opt_.cutoff_s * (1.0 + kSlack) || bound >= best_iter_ * (1.0 + kSlack);
+        return bound > cutoff() * (1.0 + kSlack) || bound >= best_iter_ * (1.0 + kSlack);
     }
 
     void dfs(std::int64_t pos, std::int64_t l, std::int64_t prev, double pre, double lbmax,
@@ -355,6 +361,10 @@ private:
             return;
         }
         ++nodes_;
+        if (opt_.incumbent != nullptr &&
+            opt_.floor > opt_.incumbent->load(std::memory_order_relaxed) * (1.0 + kSlack)) {
+            return;  // another thread's plan beats every placement of this allocation
+        }
         const std::int64_t left = P_ - pos;
         std::vector<Candidate> cands;
         for (std::int64_t j = 0; j < k_; ++j) {
@@ -427,11 +437,12 @@ private:
         }
         // Leaves beyond the best so far (or the cutoff) stop simulating early; the slack keeps
         // every leaf within rounding of the limit exact.
-        const double limit = std::min(opt_.cutoff_s, best_iter_) - armax - optmax;
+        const double cut = cutoff() * (1.0 + kSlack);
+        const double limit = std::min(cut, best_iter_) - armax - optmax;
         const double makespan = pipeline_makespan(f, b, c, c, M_, work_.schedule,
                                                   limit + 1e-9 * std::abs(limit) + 1e-300);
         const double iter = makespan + armax + optmax;
-        if (iter <= opt_.cutoff_s && iter < best_iter_) {
+        if (iter <= cut && iter < best_iter_) {
             best_iter_ = iter;
             best_group_ = seq_group_;
             best_layers_ = seq_layers_;

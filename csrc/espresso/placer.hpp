@@ -9,6 +9,7 @@
 // evaluated with the same event simulation as estimate().
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -26,6 +27,14 @@ struct StageGroup {
 struct PlaceOptions {
     // Only placements with iteration_s <= cutoff_s are of interest (prunes the rest).
     double cutoff_s = std::numeric_limits<double>::infinity();
+    // A cutoff that tightens while the placer runs: the search's incumbent (objective units)
+    // times `incumbent_scale` seconds per unit. Other threads lower it as they find plans.
+    const std::atomic<double>* incumbent = nullptr;
+    double incumbent_scale = 0;
+    // A lower bound on the objective of every placement (the search's bound for the
+    // allocation): once the incumbent falls below it, nothing here can win and the placer
+    // stops (an exhaustive answer: no placement within the cutoff).
+    double floor = 0;
     // Branch-and-bound nodes before giving up (the result is then not exhaustive).
     std::int64_t node_limit = 2000000;
     // Memoised bound states before falling back to a weaker bound.

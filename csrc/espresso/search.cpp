@@ -45,7 +45,7 @@ struct Node {
     std::int32_t next = 0;   // first order position still open
     std::int32_t stages = 0;
     std::int32_t types = 0;  // distinct GPU types among the choices
-    double price = 0;        // per replica, USD per hour
+    double price = 0;        // USD per hour of the node's whole instances / dp
     double rate = 0;         // per replica, effective FLOP/s
     double cap = 0;          // per replica, usable bytes
     double min_stage_rate = 0;  // smallest tp * rate over the node's stages
@@ -130,6 +130,7 @@ public:
         deadline_ = Stopwatch::after(opt_.time_limit_s);
         cancel_ = opt_.monitor ? &opt_.monitor->cancel : nullptr;
         Stopwatch sw(deadline_, cancel_);
+        threshold_.store(opt_.incumbent);
         prepare_types();
         prepare_combos(sw);
         if (sw.check_now()) {
@@ -235,7 +236,11 @@ private:
                a.mem_bandwidth_gbs >= b.mem_bandwidth_gbs && a.intra_node_gbs >= b.intra_node_gbs &&
                a.inter_node_gbs >= b.inter_node_gbs && a.intra_node_gbs >= b.inter_node_gbs &&
                a.gpus_per_node >= b.gpus_per_node &&
-               (time_only_ || a.price_per_hour <= b.price_per_hour);
+               // Whole instances: a's instance is no dearer than b's, so any GPU count of a
+               // (rounded up to its larger instances) costs no more than of b.
+               (time_only_ || (a.price_per_hour <= b.price_per_hour &&
+                               a.price_per_hour * d(a.gpus_per_node) <=
+                                   b.price_per_hour * d(b.gpus_per_node)));
     }
 
     void prepare_combos(Stopwatch& sw) {
@@ -675,8 +680,8 @@ private:
     }
 
     double threshold() const {  // the k-th best objective so far (under the lock)
-        if (static_cast<std::int64_t>(best_.size()) < opt_.top_k) return kInf;
-        return best_.back().objective;
+        if (static_cast<std::int64_t>(best_.size()) < opt_.top_k) return opt_.incumbent;
+        return std::min(opt_.incumbent, best_.back().objective);
     }
 
     bool beyond(double lb, double thr) const {
@@ -967,7 +972,9 @@ private:
         ch.next = static_cast<std::int32_t>(p + 1);
         ch.stages = node.stages + static_cast<std::int32_t>(stages);
         ch.types = node.types + 1;
-        ch.price = node.price + d(gpus_per_replica) * gpus_[st].price_per_hour;
+        // The type's count is final below this node: its whole instances are exact.
+        ch.price = node.price +
+                   billed_hourly(gpus_[st], c.work.dp * gpus_per_replica) / d(c.work.dp);
         ch.rate = node.rate + d(gpus_per_replica) * rate_[st];
         ch.cap = node.cap + d(gpus_per_replica) * cap_[st];
         ch.block_rate = node.block_rate;
@@ -1047,6 +1054,12 @@ private:
             if (hourly > 0) cutoff = std::min(cutoff, opt_.budget_usd * 3600.0 / (hourly * iters));
         }
         po.cutoff_s = cutoff * (1 + kSlack);
+        // Plans found by other threads while this one places tighten its cutoff.
+        po.incumbent = &threshold_;
+        po.incumbent_scale = opt_.objective == Objective::Cost
+                                 ? (hourly > 0 ? 3600.0 / (hourly * iters) : kInf)
+                                 : 3600.0 / iters;
+        po.floor = node.own;
         po.deadline = deadline_;
         po.cancel = cancel_;
         Placement pl;
@@ -1102,7 +1115,7 @@ private:
     std::int64_t busy_ = 0, seq_ = 0;
     bool stop_ = false;
     double open_lb_ = kInf;
-    std::atomic<double> threshold_{kInf};
+    std::atomic<double> threshold_{kInf};  // set from opt_.incumbent in run()
     std::vector<SearchPlan> best_;
     SearchStats stats_;
     Clock::time_point deadline_ = Clock::time_point::max();
@@ -1128,6 +1141,7 @@ void check_options(const SearchOptions& o) {
     }
     if (!(o.budget_usd > 0)) throw std::invalid_argument("budget_usd must be > 0");
     if (o.max_frontier < 1) throw std::invalid_argument("max_frontier must be >= 1");
+    if (std::isnan(o.incumbent)) throw std::invalid_argument("incumbent must be a number");
     if (o.max_gpu_types < 1) throw std::invalid_argument("max_gpu_types must be >= 1");
     if (o.placer.node_limit < 1 || o.placer.memo_limit < 0) {
         throw std::invalid_argument("placer limits must be positive");

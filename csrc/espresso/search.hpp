@@ -37,6 +37,9 @@ struct SearchOptions {
     bool enforce_deadline = true;
     double time_limit_s = 0;            // wall clock, checked everywhere time is spent; 0: none
     std::int64_t max_gpu_types = 1 << 20;  // distinct GPU types in one plan at most
+    // Plans worse than this (objective units) are of no interest: the caller holds top_k
+    // plans at least this good (e.g. from another domain). Prunes from the first node.
+    double incumbent = std::numeric_limits<double>::infinity();
     // Read by the caller while the search runs (progress), and its cancel flag stops it.
     std::shared_ptr<SearchMonitor> monitor;
     std::int64_t threads = 1;

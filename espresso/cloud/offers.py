@@ -1,0 +1,128 @@
+"""Offer: a rentable instance type in one place at one price, and its resolution (joined
+with the GPU spec table) into a catalog row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .. import _validate as v
+from ..catalog import GpuType
+from ..errors import CatalogError
+from .networks import network_for
+from .specs import SpecTable
+
+_REQUIRED = ("provider", "region", "instance_type", "gpu", "gpus_per_instance",
+             "price_per_hour", "instances")
+
+
+def offer_key(provider: str, region: str, instance_type: str) -> str:
+    """The catalog key of an offer: ``provider/region/instance_type``."""
+    return f"{provider}/{region}/{instance_type}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Offer:
+    """One instance type of one provider in one region (catalog ``offers:`` entries)."""
+
+    provider: str
+    region: str
+    instance_type: str
+    gpu: str
+    """GPU model: a name of the spec table."""
+    gpus_per_instance: int
+    price_per_hour: float
+    """USD per instance-hour, on demand."""
+    instances: int
+    """Instances available: your quota, or what the market has."""
+    spot_price_per_hour: float | None = None
+    """USD per instance-hour on the spot market (kept for spot planning)."""
+    zones: tuple[str, ...] = ()
+    intra_gbs: float | None = None
+    """Per-GPU link inside the instance, GB/s one direction; default: the GPU spec's."""
+    network_gbs: float | None = None
+    """Per-GPU network between instances, GB/s one direction; default: the instance
+    family's figure (espresso/data/instance_networks.yaml)."""
+    network_source: str | None = None
+
+    @property
+    def key(self) -> str:
+        return offer_key(self.provider, self.region, self.instance_type)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Offer:
+        data = dict(v.mapping("offer", data, err=CatalogError))
+        where = f"offer {data.get('provider', '?')}/{data.get('region', '?')}/" \
+                f"{data.get('instance_type', '?')}"
+        v.known_keys(where, data, [f.name for f in fields(cls)], _REQUIRED, err=CatalogError)
+        for f in ("provider", "region", "instance_type", "gpu"):
+            data[f] = v.string(f"{where}: {f}", data[f], err=CatalogError)
+        data["gpus_per_instance"] = v.integer(f"{where}: gpus_per_instance",
+                                              data["gpus_per_instance"], minimum=1,
+                                              maximum=1024, err=CatalogError)
+        data["instances"] = v.integer(f"{where}: instances", data["instances"], minimum=0,
+                                      maximum=1 << 30, err=CatalogError)
+        data["price_per_hour"] = v.number(f"{where}: price_per_hour", data["price_per_hour"],
+                                          minimum=0, maximum=1e7, err=CatalogError)
+        for f in ("spot_price_per_hour",):
+            if data.get(f) is not None:
+                data[f] = v.number(f"{where}: {f}", data[f], minimum=0, maximum=1e7,
+                                   err=CatalogError)
+        for f in ("intra_gbs", "network_gbs"):
+            if data.get(f) is not None:
+                data[f] = v.number(f"{where}: {f}", data[f], positive=True, minimum=1e-6,
+                                   maximum=1e9, err=CatalogError)
+        zones = data.get("zones", ())
+        if isinstance(zones, str) or not isinstance(zones, (list, tuple)):
+            msg = f"{where}: zones: expected a list of zone names, got {zones!r}"
+            raise CatalogError(msg)
+        data["zones"] = tuple(v.string(f"{where}: zones[]", z, err=CatalogError) for z in zones)
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["zones"] = list(self.zones)
+        return {k: val for k, val in out.items() if val is not None and val != []}
+
+    def resolve(self, specs: SpecTable) -> GpuType:
+        """The catalog row: this offer joined with its GPU's spec."""
+        where = f"offer {self.key}"
+        try:
+            spec = specs[self.gpu]
+        except CatalogError as exc:
+            raise CatalogError(f"{where}: {exc}") from None
+        net_src = self.network_source
+        network = self.network_gbs
+        if network is None:
+            net = network_for(self.instance_type)
+            if net is None:
+                msg = (f"{where}: no network figure for instance type {self.instance_type!r}; "
+                       "give network_gbs (GB/s per GPU between instances)")
+                raise CatalogError(msg)
+            network = net.per_gpu_gbs(self.gpus_per_instance)
+            net_src = net.label
+        n = self.gpus_per_instance
+        return GpuType(
+            name=self.key, gpu=spec.name, vendor=spec.vendor, memory_gb=spec.memory_gb,
+            bf16_tflops=spec.bf16_tflops, mem_bandwidth_gbs=spec.mem_bandwidth_gbs,
+            price_per_hour=self.price_per_hour / n,
+            spot_price_per_hour=(None if self.spot_price_per_hour is None
+                                 else self.spot_price_per_hour / n),
+            count=self.instances * n, gpus_per_node=n,
+            intra_node_gbs=self.intra_gbs or spec.intra_node_gbs, inter_node_gbs=network,
+            efficiency=spec.efficiency, provider=self.provider, region=self.region,
+            zones=self.zones, instance_type=self.instance_type, network_source=net_src)
+
+
+def offer_of(row: GpuType) -> Offer:
+    """The offer a catalog row was resolved from (for saving a catalog)."""
+    assert row.provider is not None and row.region is not None and row.instance_type
+    n = row.gpus_per_node
+    return Offer(provider=row.provider, region=row.region, instance_type=row.instance_type,
+                 gpu=row.model, gpus_per_instance=n,
+                 price_per_hour=round(row.price_per_hour * n, 10),
+                 instances=row.instances,
+                 spot_price_per_hour=(None if row.spot_price_per_hour is None
+                                      else round(row.spot_price_per_hour * n, 10)),
+                 zones=row.zones, intra_gbs=row.intra_node_gbs, network_gbs=row.inter_node_gbs,
+                 network_source=row.network_source)

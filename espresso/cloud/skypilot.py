@@ -1,0 +1,227 @@
+"""Read SkyPilot's ``vms.csv`` catalogs into offers.
+
+Columns are read by header name (their order differs between clouds): InstanceType,
+AcceleratorName, AcceleratorCount, Price, Region are needed; SpotPrice, AvailabilityZone and
+GpuInfo are used when present. Rows are grouped into one offer per (provider, region,
+instance type): the lowest on-demand price over its zones, the zones where it holds, the
+lowest spot price. What cannot become an offer is counted in :attr:`SkyPilotRead.skipped`
+with the reason, never guessed: unknown accelerators, fractional GPUs, rows without a price,
+GCP accelerators without a fixed host machine or without the host's price.
+
+GCP lists GPUs as accelerator rows priced without their VM; the VM (a2/a3 machine types
+that fix the GPU count) is priced from the file's own host rows when it has them (a full
+``vms.csv``), else from ``espresso/data/gcp_hosts.csv`` (a dated copy of those rows).
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import fnmatch
+import io
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from .. import _io
+from ..errors import CatalogError
+from .offers import Offer
+from .specs import GpuSpec, SpecTable
+
+PROVIDERS = ("aws", "gcp", "lambda", "azure", "oci", "runpod", "seeweb", "cudo", "fluidstack",
+             "paperspace", "vast", "nebius", "do", "hyperbolic", "primeintellect", "shadeform")
+_NEEDED = ("InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "Region")
+DEFAULT_GPUS_PER_OFFER = 32
+"""Availability assumed when no quota is given: as many whole instances as hold 32 GPUs
+(at least one)."""
+
+
+@dataclass
+class SkyPilotRead:
+    offers: list[Offer] = field(default_factory=list)
+    skipped: dict[str, list[str]] = field(default_factory=dict)
+    """Reason -> examples (``file:line accelerator instance``) of rows not turned into offers."""
+    rows: int = 0
+
+    def skip(self, reason: str, example: str) -> None:
+        self.skipped.setdefault(reason, []).append(example)
+
+    def summary(self) -> list[str]:
+        return [f"{len(ex)} row{'s' if len(ex) != 1 else ''} skipped: {reason} "
+                f"(e.g. {ex[0]})" for reason, ex in sorted(self.skipped.items())]
+
+
+def provider_of(path: str | Path) -> str:
+    """The provider a file belongs to, from its name (``aws_gpu_vms.csv``, ``gcp/vms.csv``)."""
+    parts = [p.lower() for p in re.split(r"[\\/_.\-\s]+", str(path)) if p]
+    for p in reversed(parts):
+        if p in PROVIDERS:
+            return p
+    msg = (f"{path}: cannot tell the cloud provider from the file name; name the file after "
+           f"it (e.g. aws_vms.csv) or write PROVIDER=FILE (providers: {', '.join(PROVIDERS)})")
+    raise CatalogError(msg)
+
+
+def _float(text: str | None) -> float | None:
+    if text is None or not text.strip():
+        return None
+    try:
+        val = float(text)
+    except ValueError:
+        return None
+    return val if val == val and val not in (float("inf"), float("-inf")) else None
+
+
+def _memory_mib(info: str | None) -> float | None:
+    if not info:
+        return None
+    m = re.search(r"'SizeInMiB':\s*([0-9.]+)", info)
+    if m:
+        return float(m.group(1))
+    try:  # a well-formed Python literal
+        data = ast.literal_eval(info)
+        return float(data["Gpus"][0]["MemoryInfo"]["SizeInMiB"])
+    except (ValueError, SyntaxError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _model(specs: SpecTable, acc: str, instance_type: str, mem_mib: float | None) -> GpuSpec | None:
+    name = acc.strip()
+    if name.upper() == "A100" and mem_mib is not None and mem_mib >= 70_000 and "A100-80GB" in specs:
+        return specs["A100-80GB"]
+    if name.upper() == "H100" and "pcie" in instance_type.lower() and "H100-PCIe" in specs:
+        return specs["H100-PCIe"]
+    if name in specs:
+        return specs[name]
+    found = specs.by_alias(name)
+    return found[0] if len(found) == 1 else None
+
+
+# GCP machine types that fix their GPU model and count (the VM is priced separately).
+_GCP_MACHINES = {
+    "A100": {1: "a2-highgpu-1g", 2: "a2-highgpu-2g", 4: "a2-highgpu-4g", 8: "a2-highgpu-8g",
+             16: "a2-megagpu-16g"},
+    "A100-80GB": {1: "a2-ultragpu-1g", 2: "a2-ultragpu-2g", 4: "a2-ultragpu-4g",
+                  8: "a2-ultragpu-8g"},
+    "H100": {1: "a3-highgpu-1g", 2: "a3-highgpu-2g", 4: "a3-highgpu-4g", 8: "a3-highgpu-8g"},
+    "H100-MEGA": {8: "a3-megagpu-8g"},
+    "H200": {8: "a3-ultragpu-8g"},
+    "B200": {8: "a4-highgpu-8g"},
+}
+
+
+@cache
+def _builtin_gcp_hosts() -> dict[tuple[str, str], tuple[float, float | None]]:
+    text = resources.files("espresso").joinpath("data/gcp_hosts.csv").read_text()
+    return _hosts(csv.DictReader(line for line in io.StringIO(text) if not line.startswith("#")))
+
+
+def _hosts(rows: Iterable[dict[str, str]]) -> dict[tuple[str, str], tuple[float, float | None]]:
+    out: dict[tuple[str, str], tuple[float, float | None]] = {}
+    for r in rows:
+        it = (r.get("InstanceType") or "").strip()
+        price = _float(r.get("Price"))
+        if not it or (r.get("AcceleratorName") or "").strip() or not price:
+            continue
+        zone = (r.get("AvailabilityZone") or r.get("Region") or "").strip()
+        out[(it, zone)] = (price, _float(r.get("SpotPrice")))
+    return out
+
+
+def read_skypilot(paths: Sequence[str | Path], *, specs: SpecTable | None = None,
+                  providers: Sequence[str] | None = None, regions: Sequence[str] | None = None,
+                  gpus: Sequence[str] | None = None, bf16_only: bool = False,
+                  gpus_per_offer: int = DEFAULT_GPUS_PER_OFFER) -> SkyPilotRead:
+    """Offers from SkyPilot ``vms.csv`` files. ``paths`` items may be ``PROVIDER=FILE``.
+    ``regions`` are shell patterns (``us-*``); ``gpus`` GPU model names of the spec table;
+    ``bf16_only`` keeps GPUs with bf16 tensor cores. Each offer gets the instances that hold
+    ``gpus_per_offer`` GPUs (at least one): an assumption a quota replaces."""
+    specs = SpecTable.builtin() if specs is None else specs
+    out = SkyPilotRead()
+    groups: dict[tuple[str, str, str], dict[str, object]] = {}
+    want_gpus = {g for g in gpus} if gpus else None
+    if want_gpus:
+        for g in want_gpus:
+            specs[g]  # an unknown name is an error, with suggestions
+    for item in paths:
+        text_path = str(item)
+        provider, _, file = text_path.partition("=") if "=" in text_path else ("", "", text_path)
+        provider = provider.lower() or provider_of(file)
+        if providers and provider not in providers:
+            continue
+        text = _io.read_text("catalog", file, err=CatalogError)
+        reader = csv.DictReader(io.StringIO(text))
+        missing = [c for c in _NEEDED if c not in (reader.fieldnames or [])]
+        if missing:
+            msg = (f"{file}: not a SkyPilot vms.csv: missing column(s) {', '.join(missing)} "
+                   f"(has: {', '.join(reader.fieldnames or [])})")
+            raise CatalogError(msg)
+        rows = list(reader)
+        hosts = _hosts(rows) if provider == "gcp" else {}
+        if provider == "gcp" and not hosts:
+            hosts = _builtin_gcp_hosts()
+        for line, r in enumerate(rows, start=2):
+            acc = (r.get("AcceleratorName") or "").strip()
+            if not acc:
+                continue  # a CPU machine (or a GCP host row, used above)
+            out.rows += 1
+            it = (r.get("InstanceType") or "").strip()
+            region = (r.get("Region") or "").strip()
+            zone = (r.get("AvailabilityZone") or "").strip()
+            where = f"{Path(file).name}:{line} {acc} {it or '(accelerator)'} {region}"
+            if regions and not any(fnmatch.fnmatchcase(region, pat) for pat in regions):
+                continue
+            count = _float(r.get("AcceleratorCount"))
+            if count is None or count < 1 or count != int(count):
+                out.skip("fractional or missing GPU count", where)
+                continue
+            n = int(count)
+            spec = _model(specs, acc, it, _memory_mib(r.get("GpuInfo")))
+            if spec is None:
+                out.skip("accelerator without a GPU spec", where)
+                continue
+            if want_gpus is not None and spec.name not in want_gpus:
+                continue
+            if bf16_only and not spec.bf16:
+                out.skip("no bf16 tensor cores (not kept for training)", where)
+                continue
+            price = _float(r.get("Price"))
+            spot = _float(r.get("SpotPrice"))
+            if not price or price <= 0:
+                out.skip("no on-demand price", where)
+                continue
+            if provider == "gcp" and not it:
+                it = _GCP_MACHINES.get(acc, {}).get(n, "")
+                if not it:
+                    out.skip("GCP accelerator without a fixed host machine type", where)
+                    continue
+                host = hosts.get((it, zone or region))
+                if host is None:
+                    out.skip("GCP host machine price unknown", where)
+                    continue
+                price += host[0]
+                spot = spot + host[1] if spot is not None and host[1] is not None else None
+            key = (provider, region, it)
+            g = groups.setdefault(key, {"gpu": spec.name, "n": n, "price": price,
+                                        "spot": spot, "zones": set()})
+            if g["gpu"] != spec.name or g["n"] != n:
+                out.skip("instance type listed with two GPU models or counts", where)
+                continue
+            if price < g["price"]:  # type: ignore[operator]
+                g["price"], g["zones"] = price, set()
+            if price == g["price"] and zone:
+                g["zones"].add(zone)  # type: ignore[attr-defined]
+            if spot is not None and (g["spot"] is None or spot < g["spot"]):  # type: ignore[operator]
+                g["spot"] = spot
+    for (provider, region, it), g in sorted(groups.items()):
+        n = int(g["n"])  # type: ignore[call-overload]
+        out.offers.append(Offer(
+            provider=provider, region=region, instance_type=it, gpu=str(g["gpu"]),
+            gpus_per_instance=n, price_per_hour=float(g["price"]),  # type: ignore[arg-type]
+            spot_price_per_hour=None if g["spot"] is None else float(g["spot"]),  # type: ignore[arg-type]
+            instances=max(1, gpus_per_offer // n),
+            zones=tuple(sorted(g["zones"]))))  # type: ignore[call-overload]
+    return out
