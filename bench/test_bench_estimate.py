@@ -28,7 +28,7 @@ def _llama70b_plan(stages: int, m: int) -> es.Plan:
 def test_core_estimate(benchmark: object, stages: int, m: int) -> None:
     """The native estimate alone (what the search's leaves will call)."""
     plan = _llama70b_plan(stages, m)
-    cat = es.Catalog.builtin().with_counts(**{"H100-SXM": 512, "A100-80GB": 512})
+    cat = es.Catalog.builtin("gpus").with_counts(**{"H100-SXM": 512, "A100-80GB": 512})
     names = list(dict.fromkeys(s.gpu for s in plan.stages))
     args = (plan.job.model._dims(), [cat[n]._spec() for n in names], plan.cost_model._core(),
             _workload(plan),
@@ -44,7 +44,7 @@ def test_core_estimate(benchmark: object, stages: int, m: int) -> None:
 def test_python_estimate(benchmark: object) -> None:
     """The full Python estimate(): conversion, native call, words and dataclasses."""
     plan = _llama70b_plan(8, 64)
-    cat = es.Catalog.builtin().with_counts(**{"H100-SXM": 512, "A100-80GB": 512})
+    cat = es.Catalog.builtin("gpus").with_counts(**{"H100-SXM": 512, "A100-80GB": 512})
     est = benchmark(es.estimate, plan, cat)  # type: ignore[operator]
     assert est.feasible and len(est.stages) == 8
 

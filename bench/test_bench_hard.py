@@ -43,7 +43,7 @@ def _prototype(links: tuple[int, ...]) -> tuple[es.Job, es.Catalog]:
 def _run(benchmark: Any, job: es.Job, catalog: es.Catalog | None, **kw: Any) -> es.SearchResult:
     res: es.SearchResult = benchmark.pedantic(es.search, args=(job, catalog), kwargs=kw,
                                               rounds=1, iterations=1)
-    cat = catalog or es.Catalog.builtin()
+    cat = catalog or es.Catalog.builtin("gpus")
     for p in res.plans:
         est = p.estimate
         assert est is not None and est.feasible

@@ -26,7 +26,7 @@ def catalog_64(seed: int = 0) -> es.Catalog:
     """64 types derived from the built-in 13 as regions and spot markets vary price and
     availability."""
     rng = random.Random(seed)
-    base = es.Catalog.builtin()
+    base = es.Catalog.builtin("gpus")
     gpus = []
     for i in range(64):
         g = base.gpus[i % len(base)].to_dict()

@@ -32,7 +32,11 @@ from .profile import Profile, _timer
 
 
 def _with(catalog: Catalog, gpu: GpuType) -> Catalog:
-    return Catalog(gpus=tuple(gpu if g.name == gpu.name else g for g in catalog))
+    """The catalog with the calibrated spec fields of ``gpu`` on every row of its model
+    (a GPU model is the same wherever it is rented)."""
+    return Catalog(gpus=tuple(
+        replace(g, efficiency=gpu.efficiency, mem_bandwidth_gbs=gpu.mem_bandwidth_gbs)
+        if g.model == gpu.model else g for g in catalog), notes=catalog.notes)
 
 
 def _efficiency(name: str, value: float, what: str) -> float:
@@ -47,7 +51,7 @@ def from_bench(catalog: Catalog, bench: dict[str, Any], gpu: str,
                cost: CostParams | None = None) -> tuple[Catalog, list[str]]:
     """The catalog with ``gpu`` calibrated from a bench-gpu result; and what changed."""
     cost = cost or CostParams()
-    g = catalog[gpu]
+    g = catalog.model_row(gpu)
     by_name = {r["name"]: r for r in bench.get("results", [])}
     changes: list[str] = []
     new = g
@@ -72,7 +76,7 @@ def from_bench(catalog: Catalog, bench: dict[str, Any], gpu: str,
 
 def from_profile(catalog: Catalog, profile: Profile) -> tuple[Catalog, list[str]]:
     """The catalog with the profile's GPU type calibrated from its block times."""
-    g = catalog[profile.gpu]
+    g = catalog.model_row(profile.gpu)
     model = ModelSpec.from_dict(profile.model)
     flops = core.block_fwd_flops(model._dims(), profile.seq_len, profile.micro_batch_size)
     achieved = 3 * flops / (profile.block_fwd_s + profile.block_bwd_s)

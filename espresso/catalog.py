@@ -249,6 +249,19 @@ class Catalog:
                "name the offer (stage `offer`)")
         raise CatalogError(msg)
 
+    def model_row(self, gpu: str) -> GpuType:
+        """A row of GPU model ``gpu`` (or named ``gpu``): for what depends on the GPU only
+        (profiles, calibration), not on where it is rented."""
+        if gpu in self:
+            return self[gpu]
+        for g in self.gpus:
+            if g.model == gpu:
+                return g
+        models = list(dict.fromkeys(g.model for g in self.gpus))
+        hint = v.suggest(gpu, models)
+        msg = f"unknown GPU {gpu!r}{hint}; the catalog's GPUs: {', '.join(models)}"
+        raise CatalogError(msg)
+
     @property
     def has_offers(self) -> bool:
         """Some row is a cloud offer (provider, region, instance type)."""
@@ -304,6 +317,36 @@ class Catalog:
             msg = f"catalog.notes: expected a list of strings, got {notes!r}"
             raise CatalogError(msg)
         return cls(gpus=tuple(rows), notes=tuple(str(n) for n in notes))
+
+    @classmethod
+    def from_skypilot(cls, paths: str | Path | list[str | Path], *,
+                      providers: list[str] | None = None, regions: list[str] | None = None,
+                      gpus: list[str] | None = None, bf16_only: bool = False,
+                      gpus_per_offer: int | None = None) -> Catalog:
+        """Offers from SkyPilot ``vms.csv`` files (each named after its provider, or given
+        as ``PROVIDER=FILE``), filtered by providers, regions (shell patterns) and GPU models.
+        Rows that cannot become offers are counted in ``notes``, never guessed. Each offer's
+        availability is the instances holding ``gpus_per_offer`` GPUs (default 32): an
+        assumption stated in ``notes``; set quotas with :func:`espresso.cloud.apply_quota`."""
+        from .cloud.skypilot import DEFAULT_GPUS_PER_OFFER, read_skypilot
+
+        items = [paths] if isinstance(paths, (str, Path)) else list(paths)
+        per = DEFAULT_GPUS_PER_OFFER if gpus_per_offer is None else gpus_per_offer
+        read = read_skypilot(items, providers=providers, regions=regions, gpus=gpus,
+                             bf16_only=bf16_only, gpus_per_offer=per)
+        if not read.offers:
+            detail = "; ".join(read.summary()) or "no GPU rows passed the filters"
+            msg = f"skypilot catalog {', '.join(map(str, items))}: no offers ({detail})"
+            raise CatalogError(msg)
+        from .cloud.specs import SpecTable
+
+        specs = SpecTable.builtin()
+        notes = (f"SkyPilot catalog: {', '.join(map(str, items))} ({len(read.offers)} offers "
+                 f"from {read.rows} GPU rows)",
+                 f"availability is an assumption: {per} GPUs per offer (whole instances); "
+                 "give your quotas with --quota or --max-instances",
+                 *read.summary())
+        return cls(gpus=tuple(o.resolve(specs) for o in read.offers), notes=notes)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -166,7 +166,7 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
     keys: list[str] = []
     for st in plan.stages:
         row = catalog.row(st.gpu, st.offer)
-        if row.model != st.gpu:
+        if st.gpu not in (row.model, row.name):
             msg = (f"stage {plan.stages.index(st)}: offer {row.name} rents {row.model}, "
                    f"not {st.gpu}")
             raise PlanError(msg)

@@ -58,13 +58,13 @@ def match_catalog(name: str, catalog: Catalog) -> GpuType | None:
     tokens = set(re.split(r"[\s_-]+", n))
     best: tuple[int, GpuType] | None = None
     for g in catalog:
-        parts = [p for p in re.split(r"[\s_-]+", g.name.upper()) if p]
+        parts = [p for p in re.split(r"[\s_-]+", g.model.upper()) if p]
         if parts[0] not in tokens:
             continue
         score = sum(1 for p in parts if p in tokens) * 10 - len(parts)
-        if parts[0] == "H100" and "PCIE" not in n and "SXM" in g.name.upper():
+        if parts[0] == "H100" and "PCIE" not in n and "SXM" in g.model.upper():
             score += 5  # the SXM part reports no form factor in its name
-        if parts[0] == "A100" and "40GB" not in n and "80GB" in g.name.upper():
+        if parts[0] == "A100" and "40GB" not in n and "80GB" in g.model.upper():
             score += 5
         if best is None or score > best[0]:
             best = (score, g)

@@ -272,8 +272,6 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                           "pruned_memory", "pruned_availability", "pruned_dominance",
                           "leaves_placed", "placer_nodes", "placer_leaves", "dives", "combos")}
     peak = 0
-    complete, timed_out = True, False
-    open_lb = math.inf
     searched = 0
     seconds = 0.0
     threads_used = opts.threads
@@ -281,19 +279,17 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     def kth() -> float:
         return found[top_k - 1][0][0] if len(found) >= top_k else math.inf
 
-    for n, (bound, _, sp, rows, specs) in enumerate(prepared):
-        if not math.isfinite(bound) or bound > kth() * (1 + 1e-9):
-            if math.isfinite(bound):
-                agg["pruned_cost"] += 1
-            else:
-                agg["pruned_deadline"] += 1
-            continue
-        left = budget.share(1.0)
-        if (left is not None and left <= 0) or (progress is not None and progress.cancelled):
-            complete, timed_out = False, True
-            open_lb = min(open_lb, min((b for b, *_ in prepared[n:]), default=math.inf))
-            break
-        opts.time_limit_s = 0.0 if left is None else max(left, 1e-3)
+    # Pass 1 gives each subproblem a fair share of the time left (so one hard domain cannot
+    # starve the others); pass 2 returns to those a share did not finish, best bound first,
+    # with the incumbent of all of them.
+    retry: list[tuple[float, int]] = []
+    out_of_time = False
+
+    def run(n: int, limit: float | None) -> bool:
+        """Search subproblem n; False when it did not finish."""
+        nonlocal searched, peak, seconds, threads_used
+        _, _, sp, rows, specs = prepared[n]
+        opts.time_limit_s = 0.0 if limit is None else max(limit, 1e-3)
         opts.incumbent = kth()
         try:
             res = core.search(dims, specs, cost._core(), _job_workload(job, sp), opts)
@@ -307,24 +303,46 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         peak = max(peak, st.frontier_peak)
         seconds += st.seconds
         threads_used = st.threads
-        if not st.complete:
-            complete = False
-            open_lb = min(open_lb, st.lower_bound)
-        timed_out = timed_out or st.timed_out
         for p in res.plans:
-            used = [rows[s.gpu] for s in p.stages]
+            used = [rows[s_.gpu] for s_ in p.stages]
             if sp.spans and locations_of(used, sp.spans) == 1:
                 continue  # one location: its own subproblem prices it exactly
-            key = (p.objective, n, *_plan_key(p))
-            found.append((key, p, sp, rows))
+            found.append(((p.objective, n, *_plan_key(p)), p, sp, rows))
         found.sort(key=lambda t: t[0])
         del found[top_k:]
-        if timed_out:
-            rest = [b for b, *_ in prepared[n + 1:] if math.isfinite(b)]
-            if rest:
-                complete = False
-                open_lb = min(open_lb, min(rest))
+        if not st.complete:
+            retry.append((st.lower_bound, n))
+        return bool(st.complete)
+
+    def stopped() -> bool:
+        left = budget.share(1.0)
+        return (left is not None and left <= 0) or (progress is not None and progress.cancelled)
+
+    live = [n for n, item in enumerate(prepared) if math.isfinite(item[0])]
+    agg["pruned_deadline"] += len(prepared) - len(live)
+    for i, n in enumerate(live):
+        if prepared[n][0] > kth() * (1 + 1e-9):
+            agg["pruned_cost"] += 1
+            continue
+        if stopped():
+            out_of_time = True
+            retry.extend((prepared[m][0], m) for m in live[i:])
             break
+        left = budget.share(1.0)
+        run(n, None if left is None else left / (len(live) - i))
+    retry.sort()
+    for lb, n in retry[:]:
+        if out_of_time or lb > kth() * (1 + 1e-9):
+            continue
+        if stopped():
+            out_of_time = True
+            continue
+        retry.remove((lb, n))
+        run(n, budget.share(1.0))
+    open_bounds = [lb for lb, _ in retry if lb <= kth() * (1 + 1e-9)]
+    complete = not open_bounds
+    timed_out = not complete
+    open_lb = min(open_bounds, default=math.inf)
     best = found[0][0][0] if found else math.inf
     lower = best if complete else min(best, open_lb)
     gap = 0.0 if complete and found else (

@@ -13,13 +13,13 @@ REQUIRED_TYPES = {"H200", "H100-SXM", "H100-PCIe", "A100-80GB", "A100-40GB", "L4
 
 
 def test_builtin_catalog_has_the_required_types() -> None:
-    cat = es.Catalog.builtin()
+    cat = es.Catalog.builtin("gpus")
     assert set(cat.names) >= REQUIRED_TYPES
     assert len(cat) >= 13
 
 
 def test_builtin_dense_peaks_avoid_known_traps() -> None:
-    cat = es.Catalog.builtin()
+    cat = es.Catalog.builtin("gpus")
     # Dense, not sparse: H100/H200 989 (1979 is with sparsity); L40S 362 (733 sparse);
     # tensor-core rates, not the CUDA-core rates (MI300X matrix 1307.4, not 163.4).
     assert cat["H100-SXM"].bf16_tflops == 989
@@ -35,12 +35,12 @@ def test_builtin_dense_peaks_avoid_known_traps() -> None:
 
 def test_every_builtin_number_has_a_source() -> None:
     doc = (Path(__file__).parents[1] / "docs" / "catalog.md").read_text()
-    for g in es.Catalog.builtin():
+    for g in es.Catalog.builtin("gpus"):
         assert f"| {g.name} |" in doc, f"{g.name} missing from the sources table"
 
 
 def test_roundtrip_yaml_and_json(tmp_path: Path) -> None:
-    cat = es.Catalog.builtin()
+    cat = es.Catalog.builtin("gpus")
     for suffix in (".yaml", ".json"):
         path = tmp_path / f"cat{suffix}"
         cat.save(path)
@@ -48,7 +48,7 @@ def test_roundtrip_yaml_and_json(tmp_path: Path) -> None:
 
 
 def test_lookup_suggests_close_names() -> None:
-    cat = es.Catalog.builtin()
+    cat = es.Catalog.builtin("gpus")
     with pytest.raises(es.CatalogError, match="did you mean 'A100-80GB'"):
         cat["A100-80G"]
     with pytest.raises(es.CatalogError, match="did you mean 'H100-SXM'"):
@@ -56,7 +56,7 @@ def test_lookup_suggests_close_names() -> None:
 
 
 def test_with_counts() -> None:
-    cat = es.Catalog.builtin().with_counts(L4=3)
+    cat = es.Catalog.builtin("gpus").with_counts(L4=3)
     assert cat["L4"].count == 3
     with pytest.raises(es.CatalogError):
         cat.with_counts(Nope=3)

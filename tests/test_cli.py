@@ -25,9 +25,9 @@ def test_gpus_table(capsys: pytest.CaptureFixture[str]) -> None:
 def test_gpus_json_and_custom_catalog(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["gpus", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert es.Catalog.from_dict(data) == es.Catalog.builtin()
+    assert es.Catalog.from_dict(data) == es.Catalog.builtin("gpus")
     small = tmp_path / "small.yaml"
-    es.Catalog(gpus=(es.Catalog.builtin()["L4"],)).save(small)
+    es.Catalog(gpus=(es.Catalog.builtin("gpus")["L4"],)).save(small)
     assert main(["gpus", "--catalog", str(small)]) == 0
     out = capsys.readouterr().out
     assert "L4" in out and "H200" not in out

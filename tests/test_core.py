@@ -36,7 +36,7 @@ def _work(**kw: object) -> _core.Workload:
 
 
 def _gpu(**kw: object) -> _core.GpuSpec:
-    g = es.Catalog.builtin()["L4"]._spec()
+    g = es.Catalog.builtin("gpus")["L4"]._spec()
     for k, v in kw.items():
         setattr(g, k, v)
     return g

@@ -27,7 +27,7 @@ def test_out_of_memory_names_stage_and_amount() -> None:
 
 
 def test_availability_exceeded() -> None:
-    cat = es.Catalog.builtin().with_counts(**{"A100-80GB": 3})
+    cat = es.Catalog.builtin("gpus").with_counts(**{"A100-80GB": 3})
     plan = make_plan(llama(), [("A100-80GB", 2, 0, 32)], dp=2, num_microbatches=256)
     est = es.estimate(plan, cat)
     assert any("rents 4 x A100-80GB" in r and "catalog has 3" in r for r in est.reasons)

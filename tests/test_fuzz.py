@@ -28,7 +28,7 @@ pytestmark = pytest.mark.fuzz
 LIMIT_S = 0.3
 MARGIN_S = 10.0  # hang guard on a shared machine
 
-BUILTIN = es.Catalog.builtin()
+BUILTIN = es.Catalog.builtin("gpus")
 
 finite = st.floats(min_value=-1e6, max_value=1e12, allow_nan=False, allow_infinity=False)
 hostile_number = st.one_of(

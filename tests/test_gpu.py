@@ -61,7 +61,7 @@ def test_bench_gpu_without_a_gpu_says_so_and_exits_0(tmp_path: Path,
     ("NVIDIA GeForce RTX 4090", "RTX-4090"), ("NVIDIA GH200 480GB", None),
 ])
 def test_device_names_match_catalog_types(name: str, want: str | None) -> None:
-    got = gpu_bench.match_catalog(name, es.Catalog.builtin())
+    got = gpu_bench.match_catalog(name, es.Catalog.builtin("gpus"))
     assert (got.name if got else None) == want
 
 
@@ -73,7 +73,7 @@ def bench_result(gemm_tflops: float, triad_gbs: float, verified: bool = True) ->
 
 
 def test_calibrate_from_a_bench_result(tmp_path: Path) -> None:
-    cat = es.Catalog.builtin()
+    cat = es.Catalog.builtin("gpus")
     new, changes = calibrate.from_bench(cat, bench_result(494.5, 3900.0), "H200")
     h = new["H200"]
     assert h.efficiency == pytest.approx(494.5 / cat["H200"].bf16_tflops, abs=1e-4)
@@ -97,7 +97,7 @@ def test_calibrate_from_a_profile_reproduces_its_block_time(tmp_path: Path) -> N
     profile's (the efficiency is what the profile achieved)."""
     from test_profile import profile_with
 
-    cat = es.Catalog.builtin()
+    cat = es.Catalog.builtin("gpus")
     model = es.ModelSpec.preset("llama2-7b")
     prof = profile_with(model, cat["A100-80GB"], fwd=1.3, bwd=1.1, seq_len=2048,
                         cost=es.CostParams())

@@ -37,7 +37,7 @@ def _deep_job() -> es.Job:
     # Once 130 s past a 0.5 s limit: the placer's branch and bound did not look at the clock.
     (_wide_ffn_job(), None, dict(time_limit_s=0.5, threads=1, max_stages=16)),
     # Once 110 s past 0.2 s: the placer's tables and memos over 10,000 blocks.
-    (_deep_job(), es.Catalog(gpus=es.Catalog.builtin().gpus[:2]),
+    (_deep_job(), es.Catalog(gpus=es.Catalog.builtin("gpus").gpus[:2]),
      dict(time_limit_s=0.2, threads=1)),
     (_deep_job(), None, dict(time_limit_s=0.3, threads=2, max_stages=32)),
 ], ids=["wide-ffn", "deep-2-types", "deep-builtin"])
@@ -64,7 +64,7 @@ def test_placer_stops_at_its_limit() -> None:
 
     probe = es.Plan(job=job, stages=(es.Stage(gpu="H200", layers=(0, 1)),
                                      es.Stage(gpu="L4", layers=(1, 2))), num_microbatches=1)
-    cat = es.Catalog.builtin()
+    cat = es.Catalog.builtin("gpus")
     opts = _core.PlaceOptions()
     opts.time_limit_s = 0.2
     res = _core.place(job.model._dims(), [cat["H200"]._spec(), cat["L4"]._spec()],
@@ -96,7 +96,7 @@ def test_unproven_fastest_plan_is_called_so() -> None:
     job = es.Job(model=es.ModelSpec.preset("llama2-7b"), tokens=int(2e11), deadline_hours=48)
     result = es.search(job, time_limit_s=None, threads=2)
     assert result.stats.complete and not result.plans  # proven: nothing meets 48 h
-    exc = explain_infeasible(job, es.Catalog.builtin(), result, TimeBudget(0.05), threads=2)
+    exc = explain_infeasible(job, es.Catalog.builtin("gpus"), result, TimeBudget(0.05), threads=2)
     msg = str(exc)
     assert "no plan meets the deadline of 48.0 h" in msg
     assert ("not proven" in msg and "gap" in msg) or "found none before the time limit" in msg

@@ -44,7 +44,7 @@ def plan4(tiny_job: es.Job) -> es.Plan:
 
 
 def test_json_round_trip(tmp_path: Path, tiny_job: es.Job) -> None:
-    p = profile_with(tiny_job.model, es.Catalog.builtin()["L4"], fwd=2.0)
+    p = profile_with(tiny_job.model, es.Catalog.builtin("gpus")["L4"], fwd=2.0)
     p = replace(p, samples={"block_fwd": [0.1, 0.2]}, meta={"torch": "x"}, device="cpu")
     assert es.Profile.from_dict(p.to_dict()) == p
     p.to_json(tmp_path / "p.json")
@@ -78,7 +78,7 @@ def test_measured_times_replace_the_analytic_ones_exactly(plan4: es.Plan) -> Non
 
 
 def test_profiles_travel_with_the_plan(plan4: es.Plan) -> None:
-    prof = profile_with(plan4.job.model, es.Catalog.builtin()["L4"], fwd=3.0, act=0.5)
+    prof = profile_with(plan4.job.model, es.Catalog.builtin("gpus")["L4"], fwd=3.0, act=0.5)
     plan = replace(plan4, profiles={"L4": prof}).with_estimate()
     back = es.Plan.from_json(plan.to_json())
     assert back.profiles == {"L4": prof}
@@ -87,7 +87,7 @@ def test_profiles_travel_with_the_plan(plan4: es.Plan) -> None:
 
 
 def test_mismatches_are_refused(plan4: es.Plan, tiny_job: es.Job) -> None:
-    cat = es.Catalog.builtin()
+    cat = es.Catalog.builtin("gpus")
     other = es.ModelSpec(name="wide", num_layers=4, hidden_size=128, num_heads=4, vocab_size=100)
     with pytest.raises(es.ProfileError, match=r"another model .* hidden_size: profiled 128"):
         es.estimate(plan4, profiles=[profile_with(other, cat["L4"])])
@@ -114,7 +114,7 @@ def profiled_instance(seed: int) -> tuple[es.Job, es.Catalog, dict[str, es.Profi
     decide what is pruned: 3 GPU types of 1-3 GPUs, most profiled with random factors (a
     backward sometimes cheaper than a forward), a deadline near the fastest plan."""
     rng = random.Random(seed)
-    base = es.Catalog.builtin()
+    base = es.Catalog.builtin("gpus")
     model = es.ModelSpec(name=f"p{seed}", num_layers=rng.randint(4, 8), hidden_size=2048,
                          num_heads=16, vocab_size=32000, gated_mlp=rng.random() < 0.5)
     gpus = [es.GpuType(**{**base[n].to_dict(), "count": rng.randint(1, 3),

@@ -37,7 +37,7 @@ def test_profile_a_tiny_model_on_the_cpu() -> None:
     assert prof.block_param_bytes == 4 * TINY.params_per_block
     # Saved activations of one block in fp32, against the bf16 formula (which also counts
     # dropout masks this dropout-free module does not have): about twice, never below.
-    f = prof.factors(TINY, es.Catalog.builtin()["L4"], es.CostParams())
+    f = prof.factors(TINY, es.Catalog.builtin("gpus")["L4"], es.CostParams())
     assert 1.2 < f["activation_scale"] < 4, f
     # The estimate of a plan on the profiled type uses the measured block time.
     job = es.Job(model=TINY, seq_len=64, global_batch_size=8, iterations=10, deadline_hours=1)
@@ -62,7 +62,7 @@ def test_profile_cli_then_plan_and_estimate_with_it(tmp_path: Path,
                                "iterations": 1000, "deadline_hours": 24}))
     plan_json = tmp_path / "plan.json"
     cat = tmp_path / "cat.yaml"
-    cat.write_text(json.dumps({"gpus": [{**es.Catalog.builtin()["L4"].to_dict(), "count": 4}]}))
+    cat.write_text(json.dumps({"gpus": [{**es.Catalog.builtin("gpus")["L4"].to_dict(), "count": 4}]}))
     assert main(["plan", "--job", str(job), "--catalog", str(cat), "--profile",
                  f"L4={out}", "--json", str(plan_json)]) == 0
     plan = es.Plan.from_json(plan_json)

@@ -12,7 +12,7 @@ from _bruteforce import brute_force, compositions
 
 import espresso as es
 
-BASE = es.Catalog.builtin()
+BASE = es.Catalog.builtin("gpus")
 COST = es.CostParams(reserved_gb=0.0)
 SMALL = dict(micro_batch_sizes=(1, 2), max_tp=2, cost_model=COST, threads=1)
 
@@ -302,7 +302,7 @@ def test_depth_first_dives_keep_the_optimum() -> None:
     from espresso.search import _job_workload, _options
 
     job = _llama_job("3d")
-    cat = es.Catalog.builtin()
+    cat = es.Catalog.builtin("gpus")
     opts = _options(objective="cost", budget_usd=None, time_limit_s=None, threads=2, top_k=1,
                     max_stages=4, max_tp=8, micro_batch_sizes=(1, 2, 4, 8),
                     recompute=("none", "full"), schedule="1f1b", enforce_deadline=True,

@@ -16,7 +16,7 @@ from .. import _io
 from .._validate import load_yaml
 from ..catalog import Catalog
 from ..cost import CostParams
-from ..errors import ProfileError, SpecError
+from ..errors import CatalogError, ProfileError, SpecError
 from ..profile import Profile
 from ..progress import SearchProgress, TimeBudget
 
@@ -37,7 +37,19 @@ def console(stderr: bool = False) -> Console:
 
 
 def load_catalog(path: str | None) -> Catalog:
-    return Catalog.builtin() if path is None else Catalog.load(path)
+    """``--catalog``: a YAML/JSON file, ``skypilot:FILE[,FILE...]`` (SkyPilot vms.csv files,
+    each named after its provider or written PROVIDER=FILE), or ``builtin:NAME``."""
+    if path is None:
+        return Catalog.builtin()
+    if path.startswith("builtin:"):
+        return Catalog.builtin(path.removeprefix("builtin:"))
+    if path.startswith("skypilot:"):
+        files = [f for f in path.removeprefix("skypilot:").split(",") if f]
+        if not files:
+            msg = "--catalog skypilot:FILE[,FILE...]: no file given"
+            raise CatalogError(msg)
+        return Catalog.from_skypilot(files)
+    return Catalog.load(path)
 
 
 def load_profiles(items: list[str] | None) -> dict[str, Profile] | None:
@@ -74,7 +86,32 @@ def load_cost_model(path: str | None) -> CostParams | None:
 
 
 def add_catalog_arg(p: argparse.ArgumentParser, what: str = "default: built-in") -> None:
-    p.add_argument("--catalog", metavar="FILE", help=f"catalog YAML/JSON ({what})")
+    p.add_argument("--catalog", metavar="FILE",
+                   help=f"catalog YAML/JSON, skypilot:VMS.CSV[,...], or builtin:cloud|gpus "
+                        f"({what}: the dated snapshot of AWS, GCP and Lambda offers)")
+
+
+def add_availability_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quota", metavar="FILE",
+                   help="instances available per provider/region/instance type (YAML/JSON, "
+                        "docs/catalog.md)")
+    p.add_argument("--max-instances", type=int, metavar="N",
+                   help="at most N instances of any one offer")
+
+
+def load_available(args: argparse.Namespace) -> Catalog:
+    """``--catalog`` with ``--quota`` and ``--max-instances`` applied."""
+    from ..cloud.quota import load_quota, max_instances
+
+    catalog = load_catalog(args.catalog)
+    if getattr(args, "quota", None):
+        catalog = load_quota(catalog, args.quota)
+    if getattr(args, "max_instances", None) is not None:
+        if args.max_instances < 0:
+            msg = f"--max-instances: expected a count >= 0, got {args.max_instances}"
+            raise CatalogError(msg)
+        catalog = max_instances(catalog, args.max_instances)
+    return catalog
 
 
 def add_cost_model_arg(p: argparse.ArgumentParser, what: str) -> None:

@@ -12,10 +12,77 @@ from ..model import ModelSpec
 from . import _common as c
 
 
+def _models_table(catalog: Any, title: str) -> Table:
+    """One row per GPU model of an offers catalog: spec, offers, cheapest per-GPU price."""
+    table = Table(title=title, caption="$/GPU-h: the cheapest offer's instance price / GPUs; "
+                  "`espresso offers` lists every offer")
+    for col in ("GPU", "vendor", "mem GB", "TFLOPS", "HBM GB/s", "offers", "providers",
+                "min $/GPU-h", "TFLOPS/$"):
+        table.add_column(col, justify="left" if col in ("GPU", "vendor", "providers")
+                         else "right", no_wrap=True)
+    models: dict[str, list[Any]] = {}
+    for g in catalog:
+        models.setdefault(g.model, []).append(g)
+    for name, rows in models.items():
+        g = rows[0]
+        cheapest = min(r.price_per_hour for r in rows)
+        table.add_row(name, g.vendor or "", f"{g.memory_gb:g}", f"{g.bf16_tflops:g}",
+                      f"{g.mem_bandwidth_gbs:g}", str(len(rows)),
+                      ", ".join(sorted({r.provider or "local" for r in rows})),
+                      f"{cheapest:.3f}",
+                      f"{g.bf16_tflops / cheapest:.0f}" if cheapest > 0 else "inf")
+    return table
+
+
+def cmd_offers(args: argparse.Namespace) -> int:
+    import fnmatch
+
+    catalog = c.load_available(args)
+    rows = [g for g in catalog
+            if (not args.provider or (g.provider or "local") in args.provider)
+            and (not args.region or any(fnmatch.fnmatchcase(g.region or "", p)
+                                        for p in args.region))
+            and (not args.gpu or g.model in args.gpu)]
+    rows.sort(key=lambda g: (g.price_per_hour, g.name))
+    if args.json:
+        print(json.dumps([{**g.to_dict(), "instance_price_per_hour": g.instance_price_per_hour,
+                           "instances": g.instances} for g in rows], indent=2))
+        return c.EXIT_OK
+    shown = rows if args.limit is None else rows[:args.limit]
+    table = Table(title=f"Offers ({len(rows)} of {len(catalog)}"
+                  f"{', cheapest GPU-hour first' if rows else ''})",
+                  caption="net: network between instances, GB/s per GPU; "
+                          "intra: link inside an instance")
+    for col in ("provider", "region", "instance", "GPU", "GPUs", "$/h", "$/GPU-h", "spot $/h",
+                "avail", "intra", "net", "net source"):
+        table.add_column(col, justify="left" if col in ("provider", "region", "instance", "GPU",
+                                                         "net source") else "right",
+                         no_wrap=True)
+    for g in shown:
+        spot = (None if g.spot_price_per_hour is None
+                else g.spot_price_per_hour * g.gpus_per_node)
+        table.add_row(g.provider or "local", g.region or "-", g.instance_label, g.model,
+                      str(g.gpus_per_node), f"{g.instance_price_per_hour:,.3f}",
+                      f"{g.price_per_hour:.3f}", "-" if spot is None else f"{spot:,.3f}",
+                      str(g.instances), f"{g.intra_node_gbs:g}", f"{g.inter_node_gbs:.3g}",
+                      g.network_source or "-")
+    con = c.console()
+    con.print(table)
+    if len(shown) < len(rows):
+        con.print(f"... {len(rows) - len(shown)} more (--limit, --provider, --region, --gpu)")
+    for note in catalog.notes:
+        con.print(f"[dim]Catalog: {note}[/]")
+    return c.EXIT_OK
+
+
 def cmd_gpus(args: argparse.Namespace) -> int:
     catalog = c.load_catalog(args.catalog)
     if args.json:
         print(json.dumps(catalog.to_dict(), indent=2))
+        return c.EXIT_OK
+    title = f"GPU catalog ({'built-in' if args.catalog is None else args.catalog})"
+    if catalog.has_offers:
+        c.console().print(_models_table(catalog, title))
         return c.EXIT_OK
     table = Table(title=f"GPU catalog ({'built-in' if args.catalog is None else args.catalog})")
     for col in ("GPU", "mem GB", "TFLOPS", "HBM GB/s", "intra", "inter", "/node", "$/h",
@@ -64,6 +131,17 @@ def register(sub: Any) -> None:
     c.add_catalog_arg(p)
     p.add_argument("--json", action="store_true", help="print the catalog as JSON")
     p.set_defaults(func=cmd_gpus)
+
+    p = sub.add_parser("offers", help="list a catalog's offers (instance types, places, prices)",
+                       description="List the catalog's offers, cheapest GPU-hour first.")
+    c.add_catalog_arg(p)
+    c.add_availability_args(p)
+    p.add_argument("--provider", action="append", help="only this provider (repeatable)")
+    p.add_argument("--region", action="append", help="only regions matching (shell pattern)")
+    p.add_argument("--gpu", action="append", help="only this GPU model (repeatable)")
+    p.add_argument("--limit", type=int, default=40, help="rows shown (default 40)")
+    p.add_argument("--json", action="store_true", help="print the offers as JSON")
+    p.set_defaults(func=cmd_offers)
 
     p = sub.add_parser("models", help="list the model presets")
     p.add_argument("--json", action="store_true", help="print the presets as JSON")

@@ -25,7 +25,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     c.check_output("--out", args.out)
     catalog = c.load_catalog(args.catalog)
-    gpu = catalog[args.gpu]
+    gpu = catalog.model_row(args.gpu)
     model = ModelSpec.load(args.model)
     torch = require("torch")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
@@ -38,7 +38,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     cost = c.load_cost_model(args.cost_model) or CostParams()
     console = c.console(stderr=True)
     with console.status(f"Profiling {model.name} on {args.device or 'the default device'}") as st:
-        prof = profile_model(model, gpu=gpu.name, micro_batch_size=args.micro_batch,
+        prof = profile_model(model, gpu=gpu.model, micro_batch_size=args.micro_batch,
                              seq_len=args.seq_len, device=args.device, dtype=dtype,
                              warmup=args.warmup, repeats=args.repeats,
                              progress=lambda m: st.update(f"Profiling {model.name}: {m}"))
@@ -48,7 +48,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     out.print(f"[bold]{escape(model.name)}[/]: one block and the head, micro-batch "
               f"{prof.micro_batch_size} x seq {prof.seq_len}, {prof.dtype} on {prof.device} "
               f"({prof.meta.get('threads', '?')} threads), median of {prof.repeats}")
-    table = Table("part", "measured", f"analytic ({gpu.name})", "measured / analytic")
+    table = Table("part", "measured", f"analytic ({gpu.model})", "measured / analytic")
     for part, key, analytic_key in (
             ("block forward", "block_fwd_s", "block_fwd_scale"),
             ("block backward", "block_bwd_s", "block_bwd_scale"),
@@ -63,7 +63,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                   f"{factors['activation_scale']:.2f}x")
     out.print(table)
     out.print(f"Wrote the profile to {args.out}; use it with "
-              f"`espresso plan ... --profile {gpu.name}={args.out}`")
+              f"`espresso plan ... --profile {gpu.model}={args.out}`")
     return c.EXIT_OK
 
 
@@ -80,17 +80,17 @@ def cmd_bench_gpu(args: argparse.Namespace) -> int:
             c.write_json("--json", args.json, {"device": info, "results": []})
         return c.EXIT_OK
     catalog = c.load_catalog(args.catalog)
-    gpu = catalog[args.gpu] if args.gpu else gpu_bench.match_catalog(info["name"], catalog)
+    gpu = catalog.model_row(args.gpu) if args.gpu else gpu_bench.match_catalog(info["name"], catalog)
     with c.console(stderr=True).status(f"Benchmarking {info['name']}"):
         out = gpu_bench.run(args.device, quick=args.quick)
-    out["catalog_gpu"] = gpu.name if gpu else None
+    out["catalog_gpu"] = gpu.model if gpu else None
     if args.json:
         c.write_json("--json", args.json, out)
         if args.json == "-":
             return c.EXIT_OK
     console.print(f"[bold]{escape(info['name'])}[/] (compute {info['compute_capability']}, "
                   f"{info['sms']} SMs, {info['memory_gb']:.0f} GB); catalog type: "
-                  f"{gpu.name if gpu else 'none matched (give --gpu)'}")
+                  f"{gpu.model if gpu else 'none matched (give --gpu)'}")
     table = Table("kernel", "measured", "catalog peak", "efficiency", "verified", "size")
     for r in out["results"]:
         peak = None

@@ -28,7 +28,7 @@ single-type plans follows (which gets the rest)."""
 # ---------------------------------------------------------------------- estimate
 def cmd_estimate(args: argparse.Namespace) -> int:
     c.check_output("--json", args.json)
-    catalog = c.load_catalog(args.catalog)
+    catalog = c.load_available(args)
     plan = Plan.from_json(args.plan)
     profiles = c.load_profiles(args.profile)
     if profiles is not None:
@@ -98,13 +98,14 @@ def _compare(job: Job, catalog: Any, best: Plan, budget: TimeBudget,
 def cmd_plan(args: argparse.Namespace) -> int:
     c.check_output("--json", args.json)
     budget = TimeBudget(args.time_limit)
-    catalog = c.load_catalog(args.catalog)
+    catalog = c.load_available(args)
     job = job_from_args(args)
     con = c.console()
     objective = "time" if args.budget is not None else "cost"
     space: dict[str, Any] = dict(threads=args.threads, max_stages=args.max_stages,
                                  max_tp=args.max_tp, profiles=c.load_profiles(args.profile),
-                                 cost_model=c.load_cost_model(args.cost_model))
+                                 cost_model=c.load_cost_model(args.cost_model),
+                                 scope=args.scope)
     kwargs = {**space, "objective": objective, "budget_usd": args.budget}
     progress = SearchProgress()
     share = MAIN_SHARE if args.compare else 1.0
@@ -132,6 +133,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             con, "Comparing with single-type plans",
             lambda: _compare(job, catalog, best, budget, progress, kwargs), progress, budget)
     print_plan(best, con, comparison)
+    for note in catalog.notes:
+        con.print(f"[dim]Catalog: {escape(note)}[/]")
     if len(result.plans) > 1 or args.top_k > 1:
         print_top(result.plans, con)
         if len(result.plans) < args.top_k:
@@ -153,6 +156,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("plan", help="plan JSON file")
     c.add_catalog_arg(p)
+    c.add_availability_args(p)
     p.add_argument("--json", metavar="OUT",
                    help="write the plan with its estimate as JSON to OUT ('-': stdout only)")
     c.add_profile_arg(p)
@@ -176,6 +180,11 @@ def register(sub: Any) -> None:
     p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), help="default adam")
     p.add_argument("--job", metavar="FILE", help="job YAML/JSON; flags override its fields")
     c.add_catalog_arg(p)
+    c.add_availability_args(p)
+    p.add_argument("--scope", choices=("zone", "region", "provider"), default="region",
+                   help="how far one plan's instances may spread: one zone, one region "
+                        "(default; cross-zone links and transfer are charged) or one "
+                        "provider (cross-region)")
     p.add_argument("--json", metavar="OUT", help="write the plan (espresso.plan/1) to OUT")
     p.add_argument("--stats", action="store_true",
                    help="with --json: also write the search statistics (they hold timings, "

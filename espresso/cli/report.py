@@ -31,6 +31,28 @@ def _rent(gpus: dict[str, int]) -> str:
     return ", ".join(f"{c} x {g}" for g, c in gpus.items())
 
 
+def rent_lines(est: Estimate) -> list[str]:
+    """``2 x p4d.24xlarge, aws us-east-1: 16 x A100-40GB, $43.92/h`` per catalog row."""
+    out = []
+    for r in est.rent:
+        where = f", {r['provider']} {r['region']}" if r.get("provider") else ""
+        idle = f" ({r['idle_gpus']} idle)" if r.get("idle_gpus") else ""
+        out.append(f"{r['instances']} x {r['instance_type']}{where}: {r['gpus']} x {r['gpu']}"
+                   f"{idle}, ${r['hourly_usd']:,.2f}/h")
+    return out
+
+
+def domain_words(plan: Plan) -> str | None:
+    dom = plan.domain
+    if not dom or not dom.get("provider"):
+        return None
+    where = " ".join(str(dom[k]) for k in ("provider", "region", "zone") if dom.get(k))
+    text = f"{where} ({dom.get('vendor', 'NVIDIA')} GPUs, scope {dom.get('scope', 'region')})"
+    if dom.get("spans"):
+        text += (f"; spans {dom['spans']}s: links at most {dom.get('cross_link_gbps', 0):g} "
+                 f"Gbps per instance, ${dom.get('transfer_usd_per_gb', 0):g}/GB between stages")
+    return text
+
 def deadline_words(est: Estimate) -> str:
     """``met with X to spare`` / ``missed by X (needs Y)``."""
     if est.meets_deadline:
@@ -47,8 +69,21 @@ def print_estimate(plan: Plan, est: Estimate, console: Console) -> None:
         f"{est.iterations:,} iterations ({_count(job.num_tokens)} tokens), "
         f"deadline {_hours(job.deadline_hours)}"
     )
+    lines = rent_lines(est)
+    if len(lines) == 1:
+        console.print(f"Rent: {escape(lines[0])}")
+    else:
+        console.print(f"Rent (${est.hourly_usd:,.2f}/h):")
+        for line in lines:
+            console.print(f"  {escape(line)}")
+    dom = domain_words(plan)
+    if dom:
+        console.print(f"Where: {escape(dom)}")
+    if est.idle_gpus:
+        console.print(f"Idle: {est.idle_gpus} GPU{'s' if est.idle_gpus > 1 else ''} of the "
+                      "rented instances run no stage (paid for: whole instances)")
     console.print(
-        f"Rent: {escape(_rent(est.gpus))} (${est.hourly_usd:,.2f}/h).  dp {plan.dp}, "
+        f"Layout: dp {plan.dp}, "
         f"{plan.num_microbatches} micro-batches of {plan.micro_batch_size}, {plan.schedule}, "
         f"recompute {plan.recompute}"
     )
@@ -74,7 +109,9 @@ def print_estimate(plan: Plan, est: Estimate, console: Console) -> None:
         f"{est.bubble_fraction:.1%}; bottleneck stage {est.bottleneck_stage} (*); "
         f"MFU {est.mfu:.1%}; {est.tokens_per_s:,.0f} tokens/s"
     )
-    console.print(f"Total: {_hours(est.total_hours)}, [bold]${est.total_usd:,.2f}[/]")
+    transfer = (f" (data transfer ${est.transfer_usd:,.2f}: {est.transfer_gb:,.1f} GB per "
+                "iteration between locations)" if est.transfer_usd > 0 else "")
+    console.print(f"Total: {_hours(est.total_hours)}, [bold]${est.total_usd:,.2f}[/]{transfer}")
     console.print(f"Deadline: {'' if est.meets_deadline else '[yellow]'}"
                   f"{deadline_words(est)}{'' if est.meets_deadline else '[/]'}")
     reasons = list(est.reasons)
@@ -147,8 +184,20 @@ def print_plan(plan: Plan, console: Console, comparison: Comparison | None) -> N
         f"seq {job.seq_len}, global batch {job.global_batch_size}, {est.iterations:,} "
         f"iterations ({_count(job.num_tokens)} tokens), deadline {_hours(job.deadline_hours)}"
     )
-    console.print(f"Rent: [bold]{escape(_rent(est.gpus))}[/] (${est.hourly_usd:,.2f}/h).  "
-                  f"dp {plan.dp}, {plan.num_microbatches} micro-batches of "
+    lines = rent_lines(est)
+    if len(lines) == 1:
+        console.print(f"Rent: [bold]{escape(lines[0])}[/]")
+    else:
+        console.print(f"Rent (${est.hourly_usd:,.2f}/h):")
+        for line in lines:
+            console.print(f"  [bold]{escape(line)}[/]")
+    dom = domain_words(plan)
+    if dom:
+        console.print(f"Where: {escape(dom)}")
+    if est.idle_gpus:
+        console.print(f"Idle: {est.idle_gpus} GPU{'s' if est.idle_gpus > 1 else ''} of the "
+                      "rented instances run no stage (whole instances are paid for)")
+    console.print(f"Layout: dp {plan.dp}, {plan.num_microbatches} micro-batches of "
                   f"{plan.micro_batch_size}, {plan.schedule}, recompute {plan.recompute}")
     table = Table(caption="f+b/mb: forward+backward of one micro-batch; *: bottleneck stage")
     for col in ("stage", "GPU", "TP", "layers", "memory / usable", "f+b/mb", "busy/iter"):
@@ -166,9 +215,11 @@ def print_plan(plan: Plan, console: Console, comparison: Comparison | None) -> N
         f"{est.bubble_fraction:.1%}; dp all-reduce {_sec(est.dp_allreduce_s)}; optimizer "
         f"{_sec(est.optimizer_step_s)}); MFU {est.mfu:.1%}"
     )
+    transfer = (f"; data transfer ${est.transfer_usd:,.2f} included" if est.transfer_usd > 0
+                else "")
     console.print(f"Total: {_hours(est.total_hours)}, [bold]${est.total_usd:,.2f}[/] "
                   f"(deadline {_hours(job.deadline_hours)}: "
-                  f"{'met' if est.meets_deadline else 'missed'})")
+                  f"{'met' if est.meets_deadline else 'missed'}{transfer})")
     if comparison is not None:
         _compare_line(plan, comparison, console)
     print_search_line(plan.stats, console)
@@ -187,6 +238,11 @@ def print_search_line(stats: dict[str, object] | None, console: Console) -> None
         + ", ".join(f"{k} {v:,}" for k, v in pruned.items())
         + f"; {seconds:.2f} s on {stats.get('threads', 1)} threads; {proof_words(stats)}"
     )
+    subs = stats.get("subproblems", 1)
+    if isinstance(subs, int) and subs > 1:
+        console.print(f"Domains: {subs} (domain, vendor) subproblems, "
+                      f"{stats.get('subproblems_searched', 0)} searched (the others cut by a "
+                      f"bound); best in {stats.get('domain')}")
 
 
 def print_top(plans: list[Plan], console: Console) -> None:

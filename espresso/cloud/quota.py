@@ -1,0 +1,89 @@
+"""Availability as an input: quotas per provider / region / instance type, and a cap on the
+instances of any one offer.
+
+Quota file (YAML or JSON)::
+
+    quotas:                       # first matching entry wins; fields left out match anything
+      - {provider: aws, region: us-east-1, instance_type: p5.48xlarge, instances: 2}
+      - {provider: aws, instance_type: "g6e.*", instances: 4}   # shell patterns
+      - {provider: lambda, instances: 0}
+    default: 0                    # offers no entry matches (omit: keep the catalog's)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .. import _validate as v
+from ..catalog import Catalog, GpuType
+from ..errors import CatalogError
+
+_FIELDS = ("provider", "region", "instance_type", "gpu")
+
+
+def _set_instances(g: GpuType, n: int) -> GpuType:
+    return replace(g, count=n * g.gpus_per_node)
+
+
+def apply_quota(catalog: Catalog, quota: Any) -> Catalog:
+    """The catalog with each offer's instances set by the quota (a mapping as above)."""
+    data = v.mapping("quota", quota, err=CatalogError)
+    v.known_keys("quota", data, ("quotas", "default"), (), err=CatalogError)
+    entries = data.get("quotas", [])
+    if not isinstance(entries, list):
+        msg = f"quota.quotas: expected a list of entries, got {entries!r}"
+        raise CatalogError(msg)
+    rules = []
+    for i, e in enumerate(entries):
+        e = v.mapping(f"quota.quotas[{i}]", e, err=CatalogError)
+        v.known_keys(f"quota.quotas[{i}]", e, (*_FIELDS, "instances"), ("instances",),
+                     err=CatalogError)
+        n = v.integer(f"quota.quotas[{i}].instances", e["instances"], minimum=0,
+                      maximum=1 << 30, err=CatalogError)
+        pats = {f: v.string(f"quota.quotas[{i}].{f}", e[f], err=CatalogError)
+                for f in _FIELDS if f in e}
+        rules.append((pats, n, i))
+    default = data.get("default")
+    if default is not None:
+        default = v.integer("quota.default", default, minimum=0, maximum=1 << 30,
+                            err=CatalogError)
+    used = set()
+    rows = []
+    for g in catalog.gpus:
+        values = {"provider": g.provider or "", "region": g.region or "",
+                  "instance_type": g.instance_type or g.name, "gpu": g.model}
+        for pats, n, i in rules:
+            if all(fnmatch.fnmatchcase(values[f], p) for f, p in pats.items()):
+                rows.append(_set_instances(g, n))
+                used.add(i)
+                break
+        else:
+            rows.append(g if default is None else _set_instances(g, default))
+    unused = [i for _, _, i in rules if i not in used]
+    if unused:
+        msg = (f"quota.quotas[{unused[0]}] matches no offer of the catalog "
+               f"({entries[unused[0]]!r}); check the provider, region and instance type")
+        raise CatalogError(msg)
+    notes = [n for n in catalog.notes if not n.startswith("availability is an assumption")]
+    notes.append("availability from a quota file" + (
+        f" (default {default} instances)" if default is not None else ""))
+    return Catalog(gpus=tuple(rows), notes=tuple(notes))
+
+
+def load_quota(catalog: Catalog, path: str | Path) -> Catalog:
+    """:func:`apply_quota` with a quota file."""
+    data = v.load_yaml("--quota", path, err=CatalogError)
+    try:
+        return apply_quota(catalog, data)
+    except CatalogError as exc:
+        raise CatalogError(f"{path}: {exc}") from None
+
+
+def max_instances(catalog: Catalog, n: int) -> Catalog:
+    """The catalog with at most ``n`` instances of each offer."""
+    n = v.integer("max_instances", n, minimum=0, maximum=1 << 30, err=CatalogError)
+    rows = tuple(g if g.instances <= n else _set_instances(g, n) for g in catalog.gpus)
+    return Catalog(gpus=rows, notes=(*catalog.notes, f"at most {n} instances of each offer"))
