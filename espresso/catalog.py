@@ -225,8 +225,15 @@ class Catalog:
         for i, g in enumerate(self.gpus):
             if g.name == name:
                 return i
-        hint = v.suggest(name, self.names)
-        msg = f"unknown GPU type {name!r}{hint}; the catalog has: {', '.join(self.names)}"
+        names = self.names
+        hint = v.suggest(name, names)
+        if len(names) > 12:
+            models = list(dict.fromkeys(g.model for g in self.gpus))
+            shown = (f"{len(names)} offers of {', '.join(models[:16])}"
+                     f"{', ...' if len(models) > 16 else ''} (`espresso offers` lists them)")
+        else:
+            shown = ", ".join(names)
+        msg = f"unknown GPU type {name!r}{hint}; the catalog has: {shown}"
         raise CatalogError(msg)
 
     def __getitem__(self, name: str) -> GpuType:

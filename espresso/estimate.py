@@ -135,7 +135,8 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
     plan
         Any plan, e.g. ``Plan.from_json(path)``; it need not be feasible.
     catalog
-        GPU types the stages name; ``Catalog.builtin()`` when omitted.
+        Rows the stages name; when omitted, the built-in cloud snapshot for a plan whose
+        stages name offers, else the built-in GPU-type catalog (``Catalog.builtin("gpus")``).
     cost_model
         Constants of the cost model; the plan's own (``plan.cost_model``) when omitted.
     profiles
@@ -159,7 +160,10 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
             and hasattr(plan, "num_microbatches")):
         msg = f"estimate: expected a Plan, got {type(plan).__name__}"
         raise PlanError(msg)
-    catalog = Catalog.builtin() if catalog is None else catalog
+    if catalog is None:
+        # Plans that name offers come from the cloud snapshot; older plans (GPU types only)
+        # from the GPU-type reference catalog they were made with.
+        catalog = Catalog.builtin("cloud" if any(st.offer for st in plan.stages) else "gpus")
     params = plan.cost_model if cost_model is None else cost_model
     # Only the catalog rows the plan uses travel to the core.
     names: list[str] = []

@@ -1,6 +1,7 @@
 """A plain brute-force planner written only on top of espresso.estimate() and the plan
 contract: every data-parallel degree, micro-batch size, recomputation, multiset of stage
-groups (GPU type, power-of-two TP width), stage order and contiguous layer split."""
+groups (GPU type, power-of-two TP width), stage order and contiguous layer split; a plan
+uses one vendor's GPUs in one location (provider and region), as the search's rules say."""
 
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                     continue
                 m = B // b // dp
                 for ms in multisets(groups, min(max_stages, model.num_layers)):
+                    if len({(catalog[n].vendor, catalog[n].location) for n, _ in ms}) > 1:
+                        continue
                     use: dict[str, int] = {}
                     for name, w in ms:
                         use[name] = use.get(name, 0) + w * dp

@@ -87,7 +87,8 @@ def test_calibrate_from_a_bench_result(tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(bench_result(494.5, 3900.0)))
     out = tmp_path / "cat.yaml"
-    assert main(["calibrate", "--bench", str(path), "--out", str(out)]) == 0
+    assert main(["calibrate", "--bench", str(path), "--out", str(out),
+                 "--catalog", "builtin:gpus"]) == 0
     assert es.Catalog.load(out)["H200"].efficiency == h.efficiency
     assert yaml.safe_load(out.read_text())["gpus"][0]["name"] == cat.gpus[0].name
 

@@ -28,8 +28,10 @@ single-type plans follows (which gets the rest)."""
 # ---------------------------------------------------------------------- estimate
 def cmd_estimate(args: argparse.Namespace) -> int:
     c.check_output("--json", args.json)
-    catalog = c.load_available(args)
     plan = Plan.from_json(args.plan)
+    # Without --catalog: the snapshot for plans that name offers, else the GPU-type catalog.
+    catalog = (c.load_available(args)
+               if args.catalog or args.quota or args.max_instances is not None else None)
     profiles = c.load_profiles(args.profile)
     if profiles is not None:
         plan = replace(plan, profiles=profiles)

@@ -202,8 +202,10 @@ def read_skypilot(paths: Sequence[str | Path], *, specs: SpecTable | None = None
                 if host is None:
                     out.skip("GCP host machine price unknown", where)
                     continue
-                price += host[0]
-                spot = spot + host[1] if spot is not None and host[1] is not None else None
+                # Sums of catalog prices, kept to the catalogs' own precision.
+                price = round(price + host[0], 8)
+                spot = (round(spot + host[1], 8) if spot is not None and host[1] is not None
+                        else None)
             key = (provider, region, it)
             g = groups.setdefault(key, {"gpu": spec.name, "n": n, "price": price,
                                         "spot": spot, "zones": set()})

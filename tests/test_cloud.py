@@ -1,0 +1,296 @@
+"""Real clouds: SkyPilot catalogs, offers, quotas, domains and vendors, whole instances."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+from _bruteforce import brute_force
+
+import espresso as es
+from espresso.cloud import apply_quota, max_instances, read_skypilot, subproblems
+
+COST = es.CostParams(reserved_gb=0.0)
+SMALL = dict(micro_batch_sizes=(1, 2), max_tp=2, cost_model=COST, threads=1)
+
+AWS = """InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone,Arch
+p4d.24xlarge,A100,8.0,96.0,1152.0,"{'Gpus': [{'Name': 'A100', 'Manufacturer': 'NVIDIA', 'Count': 8, 'MemoryInfo': {'SizeInMiB': 40960}}]}",21.96,6.5,us-east-1,use1-az1,x86_64
+p4d.24xlarge,A100,8.0,96.0,1152.0,"{'Gpus': [{'MemoryInfo': {'SizeInMiB': 40960}}]}",21.96,6.2,us-east-1,use1-az2,x86_64
+g6.xlarge,L4,1.0,4.0,16.0,,0.8048,0.3,us-east-1,use1-az1,x86_64
+g6f.large,L4,0.125,2.0,8.0,,0.2,,us-east-1,use1-az1,x86_64
+g4ad.xlarge,Radeon Pro V520,1.0,4.0,16.0,,0.38,,us-east-1,use1-az1,x86_64
+p5e.48xlarge,H200,8.0,192.0,2048.0,,,,us-east-1,use1-az3,x86_64
+g6.xlarge,L4,1.0,4.0,16.0,,0.9,0.35,eu-west-1,euw1-az1,x86_64
+"""
+# Another column order, no zones, an empty spot price.
+LAMBDA = """InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,GpuInfo,SpotPrice
+gpu_1x_h100_pcie,H100,1.0,26.0,200.0,2.49,us-east-1,,
+gpu_8x_h100_sxm5,H100,8.0,208.0,1800.0,23.92,us-east-1,,
+gpu_1x_gh200,GH200,1.0,64.0,432.0,1.49,us-east-1,,
+"""
+# GCP: accelerator rows priced without the VM, host rows without accelerators.
+GCP = """InstanceType,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,GpuInfo,Region,AvailabilityZone,Price,SpotPrice
+a2-highgpu-8g,96.0,680.0,,,,us-central1,us-central1-a,5.91582,2.958
+,,,A100,8,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 40960}}]},us-central1,us-central1-a,23.47126,7.0
+,,,A100,8,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 40960}}]},us-central1,us-central1-b,23.47126,7.0
+,,,T4,4,,us-central1,us-central1-a,1.4,0.5
+"""
+
+
+@pytest.fixture
+def sky(tmp_path: Path) -> dict[str, Path]:
+    out = {}
+    for name, text in (("aws_vms.csv", AWS), ("lambda_vms.csv", LAMBDA), ("gcp_vms.csv", GCP)):
+        (tmp_path / name).write_text(text)
+        out[name.split("_")[0]] = tmp_path / name
+    return out
+
+
+def test_skypilot_rows_become_offers(sky: dict[str, Path]) -> None:
+    read = read_skypilot([sky["aws"], sky["lambda"], sky["gcp"]])
+    by_key = {o.key: o for o in read.offers}
+    p4d = by_key["aws/us-east-1/p4d.24xlarge"]
+    # Two zones at the same price: one offer, both zones, the lower spot price.
+    assert (p4d.gpu, p4d.gpus_per_instance, p4d.price_per_hour) == ("A100-40GB", 8, 21.96)
+    assert p4d.zones == ("use1-az1", "use1-az2") and p4d.spot_price_per_hour == 6.2
+    assert p4d.instances == 4  # the default: instances holding 32 GPUs
+    # The instance type decides SXM or PCIe; 1-GPU instances get 32 instances.
+    assert by_key["lambda/us-east-1/gpu_1x_h100_pcie"].gpu == "H100-PCIe"
+    assert by_key["lambda/us-east-1/gpu_8x_h100_sxm5"].gpu == "H100-SXM"
+    assert by_key["lambda/us-east-1/gpu_1x_h100_pcie"].instances == 32
+    # GCP: the accelerators plus the host VM of the machine type that fixes them.
+    a2 = by_key["gcp/us-central1/a2-highgpu-8g"]
+    assert a2.price_per_hour == pytest.approx(23.47126 + 5.91582)
+    assert a2.zones == ("us-central1-a",)  # zone b has no host price in the file
+    skipped = read.skipped
+    assert "fractional or missing GPU count" in skipped
+    assert len(skipped["accelerator without a GPU spec"]) == 2  # Radeon Pro V520, GH200
+    assert "no on-demand price" in skipped  # the p5e row
+    assert "GCP host machine price unknown" in skipped
+    assert "GCP accelerator without a fixed host machine type" in skipped  # T4 on n1
+
+
+def test_skypilot_filters_and_errors(sky: dict[str, Path], tmp_path: Path) -> None:
+    cat = es.Catalog.from_skypilot([sky["aws"]], regions=["eu-*"])
+    assert [g.name for g in cat] == ["aws/eu-west-1/g6.xlarge"]
+    assert any("availability is an assumption" in n for n in cat.notes)
+    cat = es.Catalog.from_skypilot([sky["aws"], sky["lambda"]], providers=["lambda"],
+                                   gpus=["H100-SXM"])
+    assert [g.instance_type for g in cat] == ["gpu_8x_h100_sxm5"]
+    bad = tmp_path / "aws_bad.csv"
+    bad.write_text("InstanceType,AcceleratorName,Price\nx,A100,1\n")
+    with pytest.raises(es.CatalogError, match="missing column.*AcceleratorCount"):
+        es.Catalog.from_skypilot([bad])
+    anon = tmp_path / "vms.csv"
+    anon.write_text(AWS)
+    with pytest.raises(es.CatalogError, match="cannot tell the cloud provider"):
+        es.Catalog.from_skypilot([anon])
+    assert len(es.Catalog.from_skypilot([f"aws={anon}"])) == 3
+    with pytest.raises(es.CatalogError, match="unknown GPU 'A100-81GB'.*did you mean"):
+        es.Catalog.from_skypilot([sky["aws"]], gpus=["A100-81GB"])
+
+
+def test_offer_catalog_round_trip(sky: dict[str, Path], tmp_path: Path) -> None:
+    cat = es.Catalog.from_skypilot([sky["aws"], sky["gcp"]])
+    path = tmp_path / "cat.yaml"
+    cat.save(path)
+    again = es.Catalog.load(path)
+    assert again.names == cat.names
+    for a, b in zip(cat, again, strict=True):
+        assert a.to_dict() == b.to_dict()
+    p4d = again["aws/us-east-1/p4d.24xlarge"]
+    assert p4d.instance_price_per_hour == pytest.approx(21.96)
+    assert p4d.inter_node_gbs == pytest.approx(400 / 8 / 8)  # 400 Gbps per p4d, 8 GPUs
+    with pytest.raises(es.CatalogError, match="no network figure.*give network_gbs"):
+        es.Catalog.from_dict({"offers": [{"provider": "x", "region": "r", "instance_type": "t",
+                                          "gpu": "L4", "gpus_per_instance": 1,
+                                          "price_per_hour": 1, "instances": 1}]})
+    with pytest.raises(es.CatalogError, match="unknown GPU 'L5'"):
+        es.Catalog.from_dict({"offers": [{"provider": "x", "region": "r", "instance_type": "t",
+                                          "gpu": "L5", "gpus_per_instance": 1,
+                                          "price_per_hour": 1, "instances": 1,
+                                          "network_gbs": 1}]})
+
+
+def test_builtin_snapshot() -> None:
+    cat = es.Catalog.builtin()
+    assert len(cat) > 500 and cat.has_offers
+    assert {g.provider for g in cat} == {"aws", "gcp", "lambda"}
+    assert all(g.count % g.gpus_per_node == 0 and g.inter_node_gbs > 0 for g in cat)
+    assert any("snapshot" in n for n in cat.notes)
+    p5 = cat["aws/us-east-1/p5.48xlarge"]
+    assert (p5.model, p5.gpus_per_node, p5.inter_node_gbs) == ("H100-SXM", 8, 50.0)
+    assert es.Catalog.builtin("gpus")["MI300X"].vendor == "AMD"
+    with pytest.raises(es.CatalogError, match="unknown built-in catalog"):
+        es.Catalog.builtin("nope")
+
+
+def test_quota(sky: dict[str, Path]) -> None:
+    cat = es.Catalog.from_skypilot([sky["aws"], sky["lambda"]])
+    q = apply_quota(cat, {"quotas": [{"provider": "aws", "instance_type": "p4d.*",
+                                      "instances": 2},
+                                     {"provider": "lambda", "instances": 0}],
+                          "default": 1})
+    assert q["aws/us-east-1/p4d.24xlarge"].count == 16
+    assert q["lambda/us-east-1/gpu_8x_h100_sxm5"].count == 0
+    assert q["aws/us-east-1/g6.xlarge"].instances == 1
+    assert not any("assumption" in n for n in q.notes)
+    with pytest.raises(es.CatalogError, match=r"quotas\[0\] matches no offer"):
+        apply_quota(cat, {"quotas": [{"provider": "azure", "instances": 1}]})
+    with pytest.raises(es.CatalogError, match=r"quotas\[0\].instances"):
+        apply_quota(cat, {"quotas": [{"provider": "aws", "instances": -1}]})
+    m = max_instances(cat, 1)
+    assert all(g.instances <= 1 for g in m)
+
+
+def test_subproblems_split_vendors_and_places() -> None:
+    gpus = es.Catalog.builtin("gpus")
+    subs = subproblems(gpus)
+    assert sorted(s.vendor for s in subs) == ["AMD", "NVIDIA"]
+    assert all(s.provider is None for s in subs)
+    cat = es.Catalog.from_dict({"offers": [
+        {"provider": "aws", "region": "r1", "instance_type": "p4d.24xlarge", "gpu": "A100-40GB",
+         "gpus_per_instance": 8, "price_per_hour": 20, "instances": 1, "zones": ["a"]},
+        {"provider": "aws", "region": "r1", "instance_type": "g6.xlarge", "gpu": "L4",
+         "gpus_per_instance": 1, "price_per_hour": 1, "instances": 4, "zones": ["b"]},
+        {"provider": "aws", "region": "r2", "instance_type": "g6.xlarge", "gpu": "L4",
+         "gpus_per_instance": 1, "price_per_hour": 1, "instances": 4},
+    ]})
+    zone = subproblems(cat, "zone")
+    assert sorted((s.region, s.zone, s.spans) for s in zone) == [
+        ("r1", "a", None), ("r1", "b", None), ("r2", None, None)]
+    region = subproblems(cat, "region")
+    assert ("r1", None, "zone") in {(s.region, s.zone, s.spans) for s in region}
+    provider = subproblems(cat, "provider")
+    assert any(s.spans == "region" and len(s.rows) == 3 for s in provider)
+    with pytest.raises(es.SpecError, match="scope"):
+        subproblems(cat, "planet")
+
+
+def random_offers(seed: int) -> tuple[es.Job, es.Catalog]:
+    """2 places (and sometimes a second vendor), 2-4 offers with 1-, 2- or 4-GPU instances,
+    1-2 instances each: whole-instance rounding, vendors and places all bind."""
+    rng = random.Random(seed)
+    layers = rng.randint(4, 6)
+    model = es.ModelSpec(name=f"o{seed}", num_layers=layers, hidden_size=256, num_heads=8,
+                         num_kv_heads=8, ffn_hidden_size=512, vocab_size=1000)
+    base = es.Catalog.builtin("gpus")
+    offers = []
+    for i in range(rng.randint(2, 4)):
+        g = base[rng.choice(["A100-80GB", "L4", "H100-SXM", "MI300X", "T4"])]
+        n = rng.choice([1, 2, 4])
+        offers.append({"provider": "p", "region": rng.choice(["r1", "r2"]),
+                       "instance_type": f"t{i}", "gpu": g.name, "gpus_per_instance": n,
+                       "price_per_hour": round(g.price_per_hour * n * rng.uniform(0.5, 2), 3),
+                       "instances": rng.randint(1, 2), "network_gbs": rng.choice([1, 10])})
+    specs = [{"name": g.name, "vendor": g.vendor, "memory_gb": round(rng.uniform(0.02, 0.12), 3),
+              "bf16_tflops": g.bf16_tflops, "mem_bandwidth_gbs": g.mem_bandwidth_gbs,
+              "intra_node_gbs": g.intra_node_gbs} for g in base]
+    cat = es.Catalog.from_dict({"specs": specs, "offers": offers})
+    job = es.Job(model=model, seq_len=256, global_batch_size=2, iterations=1000,
+                 deadline_hours=1e6)
+    fastest = es.search(job, cat, objective="time", max_stages=2, **SMALL)  # type: ignore[arg-type]
+    if fastest.plans:
+        hours = fastest.plans[0].estimate.total_hours  # type: ignore[union-attr]
+        job = es.Job(model=model, seq_len=256, global_batch_size=2, iterations=1000,
+                     deadline_hours=hours * rng.choice([0.9, 1.0 + 1e-9, 1.2, 2.0, 100.0]))
+    return job, cat
+
+
+def check_rentable(plan: es.Plan, cat: es.Catalog) -> None:
+    """Every rule a plan must keep: one vendor, one place, whole instances, TP inside an
+    instance, cost = instance-hours (+ transfer), a rent list that matches the stages."""
+    est = plan.estimate
+    assert est is not None and est.feasible
+    rows = [cat.row(s.gpu, s.offer) for s in plan.stages]
+    assert len({r.vendor for r in rows}) == 1
+    assert len({r.location for r in rows}) == 1 or (plan.domain or {}).get("spans")
+    for s, r in zip(plan.stages, rows, strict=True):
+        assert s.tp <= r.gpus_per_node
+    used: dict[str, int] = {}
+    for s, r in zip(plan.stages, rows, strict=True):
+        used[r.name] = used.get(r.name, 0) + s.tp * plan.dp
+    hourly = 0.0
+    for r in est.rent:
+        row = cat[r["offer"]]
+        assert r["instances"] == math.ceil(used[row.name] / row.gpus_per_node)
+        assert r["instances"] <= row.instances
+        assert r["idle_gpus"] == r["instances"] * row.gpus_per_node - used[row.name]
+        hourly += r["instances"] * row.instance_price_per_hour
+    assert {r["offer"] for r in est.rent} == set(used)
+    assert est.hourly_usd == pytest.approx(hourly)
+    assert est.total_usd == pytest.approx(hourly * est.total_hours + est.transfer_usd)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_offers_search_equals_brute_force(seed: int) -> None:
+    job, cat = random_offers(seed)
+    expected, plan, _ = brute_force(job, cat, micro_batch_sizes=(1, 2), max_stages=2, max_tp=2,
+                                    cost_model=COST)
+    r = es.search(job, cat, max_stages=2, **SMALL)  # type: ignore[arg-type]
+    assert r.stats.complete
+    if math.isinf(expected):
+        assert not r.plans
+        return
+    got = r.plans[0]
+    assert got.estimate.total_usd == pytest.approx(expected, rel=1e-9), plan  # type: ignore[union-attr]
+    check_rentable(got, cat)
+    # The plan JSON names the offers and estimates to the same numbers when read back.
+    back = es.Plan.from_json(got.to_json())
+    assert [s.offer for s in back.stages] == [s.offer for s in got.stages]
+    assert es.estimate(back, cat).total_usd == got.estimate.total_usd  # type: ignore[union-attr]
+
+
+def test_cross_zone_plans_pay_transfer() -> None:
+    """Two offers of one region in different zones, neither enough alone: the plan spans
+    zones, its links run at the cross-zone figure and every boundary pays per GB."""
+    model = es.ModelSpec.preset("llama2-7b")
+    offers = [{"provider": "aws", "region": "r", "instance_type": "p4d.24xlarge",
+               "gpu": "A100-80GB", "gpus_per_instance": 8, "price_per_hour": 30,
+               "instances": 1, "zones": ["a"]},
+              {"provider": "aws", "region": "r", "instance_type": "p5.48xlarge",
+               "gpu": "H100-SXM", "gpus_per_instance": 8, "price_per_hour": 55,
+               "instances": 1, "zones": ["b"]}]
+    cat = es.Catalog.from_dict({"offers": offers})
+    job = es.Job(model=model, tokens=2e10, deadline_hours=1e6)
+    fastest = es.search(job, cat, scope="zone", objective="time", time_limit_s=30)
+    hours = fastest.plans[0].estimate.total_hours  # type: ignore[union-attr]
+    job = es.Job(model=model, tokens=2e10, deadline_hours=0.9 * hours)
+    zone_only = es.search(job, cat, scope="zone", time_limit_s=30)
+    assert not zone_only.plans and zone_only.stats.complete
+    plan = es.plan(job, cat, time_limit_s=30)
+    assert plan.domain is not None and plan.domain["spans"] == "zone"
+    est = plan.estimate
+    assert est is not None and est.transfer_usd > 0
+    assert est.transfer_usd == pytest.approx(
+        job.num_iterations * est.transfer_gb * plan.domain["transfer_usd_per_gb"])
+    check_rentable(plan, cat)
+    back = es.Plan.from_json(plan.to_json())
+    assert es.estimate(back, cat).total_usd == est.total_usd
+
+
+def test_plan_json_offers_and_old_plans(tmp_path: Path) -> None:
+    job = es.Job(model=es.ModelSpec.preset("llama2-7b"), tokens=2e10, deadline_hours=24 * 14)
+    plan = es.plan(job, time_limit_s=30)
+    data = json.loads(plan.to_json())
+    off = data["stages"][0]["offer"]
+    assert set(off) == {"provider", "region", "instance_type"}
+    assert data["domain"]["provider"] == off["provider"]
+    rent = data["estimate"]["rent"]
+    assert rent[0]["instance_type"] == off["instance_type"]
+    check_rentable(plan, es.Catalog.builtin())
+    # An old plan (no offers, no domain, an estimate without the new fields) still loads.
+    old = es.Plan(job=job, stages=(es.Stage(gpu="A100-80GB", tp=8, layers=(0, 32)),),
+                  num_microbatches=512).with_estimate(es.Catalog.builtin("gpus")).to_dict()
+    for k in ("instances", "idle_gpus", "transfer_gb", "transfer_usd", "rent"):
+        old["estimate"].pop(k)
+    again = es.Plan.from_dict(old)
+    assert again.stages[0].offer is None and again.domain is None
+    # A GPU offered many times needs its offer named.
+    with pytest.raises(es.CatalogError, match="name the offer"):
+        es.estimate(again, es.Catalog.builtin())
+    with pytest.raises(es.PlanError, match="provider/region/instance_type"):
+        es.Stage(gpu="L4", layers=(0, 1), offer="aws-us-east-1")
