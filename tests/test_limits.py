@@ -94,7 +94,7 @@ def test_unproven_fastest_plan_is_called_so() -> None:
     from espresso.search import explain_infeasible
 
     job = es.Job(model=es.ModelSpec.preset("llama2-7b"), tokens=int(2e11), deadline_hours=48)
-    result = es.search(job, time_limit_s=None, threads=2)
+    result = es.search(job, es.Catalog.builtin("gpus"), time_limit_s=None, threads=2)
     assert result.stats.complete and not result.plans  # proven: nothing meets 48 h
     exc = explain_infeasible(job, es.Catalog.builtin("gpus"), result, TimeBudget(0.05), threads=2)
     msg = str(exc)
