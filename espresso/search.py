@@ -494,7 +494,9 @@ def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
     (``plan.stats["exhaustive"]`` is then false).
 
     Raises InfeasibleError when no split fits in memory."""
-    catalog = Catalog.builtin() if catalog is None else catalog
+    if catalog is None:  # offer keys name the cloud snapshot; GPU names the GPU-type one
+        offers = any(isinstance(g, (tuple, list)) and "/" in str(g[0]) for g in groups)
+        catalog = Catalog.builtin("cloud" if offers else "gpus")
     cost = CostParams() if cost_model is None else cost_model
     groups = list(groups)
     if not groups:
