@@ -8,7 +8,7 @@ contract are rows already (docs/catalog.md, "Offers")."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import cache
 from importlib import resources
@@ -326,7 +326,7 @@ class Catalog:
         return cls(gpus=tuple(rows), notes=tuple(str(n) for n in notes))
 
     @classmethod
-    def from_skypilot(cls, paths: str | Path | list[str | Path], *,
+    def from_skypilot(cls, paths: str | Path | Sequence[str | Path], *,
                       providers: list[str] | None = None, regions: list[str] | None = None,
                       gpus: list[str] | None = None, bf16_only: bool = False,
                       gpus_per_offer: int | None = None) -> Catalog:

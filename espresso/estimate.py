@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._native import core
 from .catalog import Catalog
+from .cloud.domains import apply_crossing
 from .cost import CostParams
 from .errors import PlanError, SpecError
 from .estimate_result import GB, Estimate, StageEstimate
@@ -36,25 +37,17 @@ def _workload(plan: Plan) -> Any:
     return w
 
 
-def _cap_links(specs: list[Any], rows: list[Any], plan: Plan) -> None:
-    """A plan spanning zones or regions: every link between instances at most the
-    domain's cross-location figure (docs/catalog.md, "Scopes")."""
-    dom = plan.domain or {}
-    if dom.get("spans") and dom.get("cross_link_gbps"):
-        gbps = float(dom["cross_link_gbps"])
-        for s, g in zip(specs, rows, strict=True):
-            s.inter_node_gbs = min(s.inter_node_gbs, gbps / 8.0 / g.gpus_per_node)
-
-
-def rent_list(rows: list[Any], gpus_used: list[int], instances: list[int]) -> tuple[dict[str, Any], ...]:
+def rent_list(rows: list[Any], gpus_used: list[int],
+              instances: list[int]) -> tuple[dict[str, Any], ...]:
     """What to rent, per catalog row used."""
     out = []
     for g, used, inst in zip(rows, gpus_used, instances, strict=True):
         if used <= 0:
             continue
+        gpus = int(inst) * g.gpus_per_node
         out.append({"offer": g.name, "provider": g.provider, "region": g.region,
                     "instance_type": g.instance_label, "gpu": g.model, "instances": int(inst),
-                    "gpus": int(inst) * g.gpus_per_node, "idle_gpus": int(inst) * g.gpus_per_node - int(used),
+                    "gpus": gpus, "idle_gpus": gpus - int(used),
                     "hourly_usd": int(inst) * g.instance_price_per_hour})
     return tuple(out)
 
@@ -168,10 +161,10 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
     # Only the catalog rows the plan uses travel to the core.
     names: list[str] = []
     keys: list[str] = []
-    for st in plan.stages:
+    for i, st in enumerate(plan.stages):
         row = catalog.row(st.gpu, st.offer)
         if st.gpu not in (row.model, row.name):
-            msg = (f"stage {plan.stages.index(st)}: offer {row.name} rents {row.model}, "
+            msg = (f"stage {i}: offer {row.name} rents {row.model}, "
                    f"not {st.gpu}")
             raise PlanError(msg)
         keys.append(row.name)
@@ -179,7 +172,11 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
             names.append(row.name)
     rows = [catalog[n] for n in names]
     specs = [g._spec() for g in rows]
-    _cap_links(specs, rows, plan)
+    # A plan spanning zones or regions: links between instances at most the domain's
+    # cross-location figure (docs/catalog.md, "Scopes").
+    dom = plan.domain or {}
+    apply_crossing(specs, rows, float(dom["cross_link_gbps"])
+                   if dom.get("spans") and dom.get("cross_link_gbps") else None)
     profiles = plan.profiles if profiles is None else as_profiles(profiles)
     apply_profiles(specs, names, catalog, plan.job.model, params, profiles)
     core_stages = [

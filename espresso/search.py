@@ -231,13 +231,13 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     per_seq = 3.0 * (job.model.num_layers * core.block_fwd_flops(dims, job.seq_len, 1)
                      + core.head_fwd_flops(dims, job.seq_len, 1))
     job_flops = float(job.num_iterations) * job.global_batch_size * per_seq
-    prepared = []
+    prepared: list[tuple[float, int, Subproblem, list[GpuType], list[Any]]] = []
     for sp in subproblems(catalog, scope):
         rows = [catalog.gpus[i] for i in sp.rows]
         names = [g.name for g in rows]
         specs = [g._spec() for g in rows]
         apply_profiles(specs, names, catalog, job.model, cost, profs)
-        apply_crossing(specs, rows, sp.crossing)
+        apply_crossing(specs, rows, sp.crossing.link_gbps if sp.crossing else None)
         rates = [sp_.tflops * 1e12 * (sp_.efficiency or cost.efficiency)
                  / min(sp_.block_fwd_scale, sp_.block_bwd_scale, sp_.head_fwd_scale,
                        sp_.head_bwd_scale) for sp_ in specs]

@@ -1,4 +1,5 @@
 """Real clouds: SkyPilot catalogs, offers, quotas, domains and vendors, whole instances."""
+# ruff: noqa: E501  (SkyPilot CSV rows are kept verbatim)
 
 from __future__ import annotations
 
@@ -82,14 +83,14 @@ def test_skypilot_filters_and_errors(sky: dict[str, Path], tmp_path: Path) -> No
     assert [g.instance_type for g in cat] == ["gpu_8x_h100_sxm5"]
     bad = tmp_path / "aws_bad.csv"
     bad.write_text("InstanceType,AcceleratorName,Price\nx,A100,1\n")
-    with pytest.raises(es.CatalogError, match="missing column.*AcceleratorCount"):
+    with pytest.raises(es.CatalogError, match=r"missing column.*AcceleratorCount"):
         es.Catalog.from_skypilot([bad])
     anon = tmp_path / "vms.csv"
     anon.write_text(AWS)
     with pytest.raises(es.CatalogError, match="cannot tell the cloud provider"):
         es.Catalog.from_skypilot([anon])
     assert len(es.Catalog.from_skypilot([f"aws={anon}"])) == 3
-    with pytest.raises(es.CatalogError, match="unknown GPU 'A100-81GB'.*did you mean"):
+    with pytest.raises(es.CatalogError, match=r"unknown GPU 'A100-81GB'.*did you mean"):
         es.Catalog.from_skypilot([sky["aws"]], gpus=["A100-81GB"])
 
 
@@ -104,7 +105,7 @@ def test_offer_catalog_round_trip(sky: dict[str, Path], tmp_path: Path) -> None:
     p4d = again["aws/us-east-1/p4d.24xlarge"]
     assert p4d.instance_price_per_hour == pytest.approx(21.96)
     assert p4d.inter_node_gbs == pytest.approx(400 / 8 / 8)  # 400 Gbps per p4d, 8 GPUs
-    with pytest.raises(es.CatalogError, match="no network figure.*give network_gbs"):
+    with pytest.raises(es.CatalogError, match=r"no network figure.*give network_gbs"):
         es.Catalog.from_dict({"offers": [{"provider": "x", "region": "r", "instance_type": "t",
                                           "gpu": "L4", "gpus_per_instance": 1,
                                           "price_per_hour": 1, "instances": 1}]})

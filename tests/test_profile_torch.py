@@ -62,7 +62,8 @@ def test_profile_cli_then_plan_and_estimate_with_it(tmp_path: Path,
                                "iterations": 1000, "deadline_hours": 24}))
     plan_json = tmp_path / "plan.json"
     cat = tmp_path / "cat.yaml"
-    cat.write_text(json.dumps({"gpus": [{**es.Catalog.builtin("gpus")["L4"].to_dict(), "count": 4}]}))
+    l4 = es.Catalog.builtin("gpus")["L4"].to_dict()
+    cat.write_text(json.dumps({"gpus": [{**l4, "count": 4}]}))
     assert main(["plan", "--job", str(job), "--catalog", str(cat), "--profile",
                  f"L4={out}", "--json", str(plan_json)]) == 0
     plan = es.Plan.from_json(plan_json)

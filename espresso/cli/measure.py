@@ -80,7 +80,8 @@ def cmd_bench_gpu(args: argparse.Namespace) -> int:
             c.write_json("--json", args.json, {"device": info, "results": []})
         return c.EXIT_OK
     catalog = c.load_catalog(args.catalog)
-    gpu = catalog.model_row(args.gpu) if args.gpu else gpu_bench.match_catalog(info["name"], catalog)
+    gpu = (catalog.model_row(args.gpu) if args.gpu
+           else gpu_bench.match_catalog(info["name"], catalog))
     with c.console(stderr=True).status(f"Benchmarking {info['name']}"):
         out = gpu_bench.run(args.device, quick=args.quick)
     out["catalog_gpu"] = gpu.model if gpu else None

@@ -42,6 +42,26 @@ def rent_lines(est: Estimate) -> list[str]:
     return out
 
 
+def print_rental(plan: Plan, est: Estimate, console: Console, *, bold: bool = False) -> None:
+    """The rent list, where the plan runs, its idle GPUs and its layout."""
+    style = ("[bold]", "[/]") if bold else ("", "")
+    lines = rent_lines(est)
+    if len(lines) == 1:
+        console.print(f"Rent: {style[0]}{escape(lines[0])}{style[1]}")
+    else:
+        console.print(f"Rent (${est.hourly_usd:,.2f}/h):")
+        for line in lines:
+            console.print(f"  {style[0]}{escape(line)}{style[1]}")
+    dom = domain_words(plan)
+    if dom:
+        console.print(f"Where: {escape(dom)}")
+    if est.idle_gpus:
+        console.print(f"Idle: {est.idle_gpus} GPU{'s' if est.idle_gpus > 1 else ''} of the "
+                      "rented instances run no stage (whole instances are paid for)")
+    console.print(f"Layout: dp {plan.dp}, {plan.num_microbatches} micro-batches of "
+                  f"{plan.micro_batch_size}, {plan.schedule}, recompute {plan.recompute}")
+
+
 def domain_words(plan: Plan) -> str | None:
     dom = plan.domain
     if not dom or not dom.get("provider"):
@@ -69,24 +89,7 @@ def print_estimate(plan: Plan, est: Estimate, console: Console) -> None:
         f"{est.iterations:,} iterations ({_count(job.num_tokens)} tokens), "
         f"deadline {_hours(job.deadline_hours)}"
     )
-    lines = rent_lines(est)
-    if len(lines) == 1:
-        console.print(f"Rent: {escape(lines[0])}")
-    else:
-        console.print(f"Rent (${est.hourly_usd:,.2f}/h):")
-        for line in lines:
-            console.print(f"  {escape(line)}")
-    dom = domain_words(plan)
-    if dom:
-        console.print(f"Where: {escape(dom)}")
-    if est.idle_gpus:
-        console.print(f"Idle: {est.idle_gpus} GPU{'s' if est.idle_gpus > 1 else ''} of the "
-                      "rented instances run no stage (paid for: whole instances)")
-    console.print(
-        f"Layout: dp {plan.dp}, "
-        f"{plan.num_microbatches} micro-batches of {plan.micro_batch_size}, {plan.schedule}, "
-        f"recompute {plan.recompute}"
-    )
+    print_rental(plan, est, console)
     table = Table(caption="f+b/mb: forward+backward of one micro-batch; *: bottleneck stage")
     for col in ("stage", "GPU", "TP", "layers", "f+b/mb", "busy/iter", "mem/GPU", "usable",
                 "headroom", "in flight"):
@@ -184,21 +187,7 @@ def print_plan(plan: Plan, console: Console, comparison: Comparison | None) -> N
         f"seq {job.seq_len}, global batch {job.global_batch_size}, {est.iterations:,} "
         f"iterations ({_count(job.num_tokens)} tokens), deadline {_hours(job.deadline_hours)}"
     )
-    lines = rent_lines(est)
-    if len(lines) == 1:
-        console.print(f"Rent: [bold]{escape(lines[0])}[/]")
-    else:
-        console.print(f"Rent (${est.hourly_usd:,.2f}/h):")
-        for line in lines:
-            console.print(f"  [bold]{escape(line)}[/]")
-    dom = domain_words(plan)
-    if dom:
-        console.print(f"Where: {escape(dom)}")
-    if est.idle_gpus:
-        console.print(f"Idle: {est.idle_gpus} GPU{'s' if est.idle_gpus > 1 else ''} of the "
-                      "rented instances run no stage (whole instances are paid for)")
-    console.print(f"Layout: dp {plan.dp}, {plan.num_microbatches} micro-batches of "
-                  f"{plan.micro_batch_size}, {plan.schedule}, recompute {plan.recompute}")
+    print_rental(plan, est, console, bold=True)
     table = Table(caption="f+b/mb: forward+backward of one micro-batch; *: bottleneck stage")
     for col in ("stage", "GPU", "TP", "layers", "memory / usable", "f+b/mb", "busy/iter"):
         table.add_column(col, justify="left" if col in ("GPU", "layers") else "right",

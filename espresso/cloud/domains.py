@@ -126,9 +126,9 @@ def subproblems(catalog: Catalog, scope: str = "region") -> list[Subproblem]:
                 add(Subproblem(tuple(zidx), vendor, provider, region,
                                z if catalog.gpus[zidx[0]].zones else None))
             cross = CROSSINGS.get((provider, "zone"))
-            if scope in ("region", "provider") and len(zones) > 1 and cross is not None:
-                if not any(set(zidx) == set(ridx) for zidx in zones.values()):
-                    add(Subproblem(tuple(ridx), vendor, provider, region, None, "zone", cross))
+            if (scope in ("region", "provider") and len(zones) > 1 and cross is not None
+                    and not any(set(zidx) == set(ridx) for zidx in zones.values())):
+                add(Subproblem(tuple(ridx), vendor, provider, region, None, "zone", cross))
         cross = CROSSINGS.get((provider, "region"))
         if scope == "provider" and len(regions) > 1 and cross is not None:
             add(Subproblem(tuple(idx), vendor, provider, None, None, "region", cross))
@@ -147,9 +147,10 @@ def locations_of(rows: Sequence[GpuType], spans: str | None) -> int:
     return 1
 
 
-def apply_crossing(specs: list[Any], rows: Sequence[GpuType], crossing: Crossing | None) -> None:
-    """Cap each row's network at the crossing's link (core GpuSpec objects, in place)."""
-    if crossing is None:
+def apply_crossing(specs: list[Any], rows: Sequence[GpuType], link_gbps: float | None) -> None:
+    """Cap each row's network at a crossing's link of ``link_gbps`` Gbit/s per instance
+    (core GpuSpec objects, in place); ``None``: no crossing."""
+    if link_gbps is None:
         return
     for s, g in zip(specs, rows, strict=True):
-        s.inter_node_gbs = min(s.inter_node_gbs, crossing.link_gbps / 8.0 / g.gpus_per_node)
+        s.inter_node_gbs = min(s.inter_node_gbs, link_gbps / 8.0 / g.gpus_per_node)

@@ -90,7 +90,8 @@ class Offer:
         try:
             spec = specs[self.gpu]
         except CatalogError as exc:
-            raise CatalogError(f"{where}: {exc}") from None
+            msg = f"{where}: {exc}"
+            raise CatalogError(msg) from None
         net_src = self.network_source
         network = self.network_gbs
         if network is None:

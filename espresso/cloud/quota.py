@@ -79,7 +79,8 @@ def load_quota(catalog: Catalog, path: str | Path) -> Catalog:
     try:
         return apply_quota(catalog, data)
     except CatalogError as exc:
-        raise CatalogError(f"{path}: {exc}") from None
+        msg = f"{path}: {exc}"
+        raise CatalogError(msg) from None
 
 
 def max_instances(catalog: Catalog, n: int) -> Catalog:

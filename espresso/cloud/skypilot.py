@@ -19,6 +19,7 @@ import ast
 import csv
 import fnmatch
 import io
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -54,9 +55,29 @@ class SkyPilotRead:
                 f"(e.g. {ex[0]})" for reason, ex in sorted(self.skipped.items())]
 
 
+@dataclass
+class _Group:
+    """The rows of one (provider, region, instance type): its lowest on-demand price, the
+    zones where that price holds, its lowest spot price."""
+
+    gpu: str
+    n: int
+    price: float
+    spot: float | None = None
+    zones: set[str] = field(default_factory=set)
+
+    def add(self, price: float, spot: float | None, zone: str) -> None:
+        if price < self.price:
+            self.price, self.zones = price, set()
+        if price == self.price and zone:
+            self.zones.add(zone)
+        if spot is not None and (self.spot is None or spot < self.spot):
+            self.spot = spot
+
+
 def provider_of(path: str | Path) -> str:
     """The provider a file belongs to, from its name (``aws_gpu_vms.csv``, ``gcp/vms.csv``)."""
-    parts = [p.lower() for p in re.split(r"[\\/_.\-\s]+", str(path)) if p]
+    parts: list[str] = [p.lower() for p in re.split(r"[\\/_.\-\s]+", str(path)) if p]
     for p in reversed(parts):
         if p in PROVIDERS:
             return p
@@ -72,7 +93,7 @@ def _float(text: str | None) -> float | None:
         val = float(text)
     except ValueError:
         return None
-    return val if val == val and val not in (float("inf"), float("-inf")) else None
+    return val if math.isfinite(val) else None
 
 
 def _memory_mib(info: str | None) -> float | None:
@@ -88,9 +109,11 @@ def _memory_mib(info: str | None) -> float | None:
         return None
 
 
-def _model(specs: SpecTable, acc: str, instance_type: str, mem_mib: float | None) -> GpuSpec | None:
+def _model(specs: SpecTable, acc: str, instance_type: str,
+           mem_mib: float | None) -> GpuSpec | None:
     name = acc.strip()
-    if name.upper() == "A100" and mem_mib is not None and mem_mib >= 70_000 and "A100-80GB" in specs:
+    if (name.upper() == "A100" and mem_mib is not None and mem_mib >= 70_000
+            and "A100-80GB" in specs):
         return specs["A100-80GB"]
     if name.upper() == "H100" and "pcie" in instance_type.lower() and "H100-PCIe" in specs:
         return specs["H100-PCIe"]
@@ -141,7 +164,7 @@ def read_skypilot(paths: Sequence[str | Path], *, specs: SpecTable | None = None
     ``gpus_per_offer`` GPUs (at least one): an assumption a quota replaces."""
     specs = SpecTable.builtin() if specs is None else specs
     out = SkyPilotRead()
-    groups: dict[tuple[str, str, str], dict[str, object]] = {}
+    groups: dict[tuple[str, str, str], _Group] = {}
     want_gpus = {g for g in gpus} if gpus else None
     if want_gpus:
         for g in want_gpus:
@@ -207,23 +230,14 @@ def read_skypilot(paths: Sequence[str | Path], *, specs: SpecTable | None = None
                 spot = (round(spot + host[1], 8) if spot is not None and host[1] is not None
                         else None)
             key = (provider, region, it)
-            g = groups.setdefault(key, {"gpu": spec.name, "n": n, "price": price,
-                                        "spot": spot, "zones": set()})
-            if g["gpu"] != spec.name or g["n"] != n:
+            grp = groups.setdefault(key, _Group(spec.name, n, price))
+            if grp.gpu != spec.name or grp.n != n:
                 out.skip("instance type listed with two GPU models or counts", where)
                 continue
-            if price < g["price"]:  # type: ignore[operator]
-                g["price"], g["zones"] = price, set()
-            if price == g["price"] and zone:
-                g["zones"].add(zone)  # type: ignore[attr-defined]
-            if spot is not None and (g["spot"] is None or spot < g["spot"]):  # type: ignore[operator]
-                g["spot"] = spot
-    for (provider, region, it), g in sorted(groups.items()):
-        n = int(g["n"])  # type: ignore[call-overload]
+            grp.add(price, spot, zone)
+    for (provider, region, it), grp in sorted(groups.items()):
         out.offers.append(Offer(
-            provider=provider, region=region, instance_type=it, gpu=str(g["gpu"]),
-            gpus_per_instance=n, price_per_hour=float(g["price"]),  # type: ignore[arg-type]
-            spot_price_per_hour=None if g["spot"] is None else float(g["spot"]),  # type: ignore[arg-type]
-            instances=max(1, gpus_per_offer // n),
-            zones=tuple(sorted(g["zones"]))))  # type: ignore[call-overload]
+            provider=provider, region=region, instance_type=it, gpu=grp.gpu,
+            gpus_per_instance=grp.n, price_per_hour=grp.price, spot_price_per_hour=grp.spot,
+            instances=max(1, gpus_per_offer // grp.n), zones=tuple(sorted(grp.zones))))
     return out
