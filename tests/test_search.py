@@ -17,10 +17,16 @@ COST = es.CostParams(reserved_gb=0.0)
 SMALL = dict(micro_batch_sizes=(1, 2), max_tp=2, cost_model=COST, threads=1)
 
 
-def random_instance(seed: int, max_stages: int) -> tuple[es.Job, es.Catalog]:
+def random_instance(seed: int, max_stages: int, *,
+                    slow_links: bool = False) -> tuple[es.Job, es.Catalog]:
     """2-4 GPU types (at most 8 GPUs in all), a 4-12 block model whose memory needs are
-    comparable to the GPUs' (so memory binds), and a deadline that often binds."""
+    comparable to the GPUs' (so memory binds), and a deadline that often binds.
+
+    ``slow_links``: links so slow that transfers between stages outweigh their work, and a
+    global batch of 8-16 sequences (more micro-batches than stages, so 1F1B's in-flight
+    memory and round trips bind)."""
     rng = random.Random(seed)
+    batch = rng.choice([8, 12, 16]) if slow_links else 2
     layers = rng.randint(4, 12) if max_stages <= 2 else rng.randint(4, 6)
     model = es.ModelSpec(name=f"r{seed}", num_layers=layers, hidden_size=256, num_heads=8,
                          num_kv_heads=rng.choice([8, 2]), ffn_hidden_size=rng.choice([512, 1024]),
@@ -36,16 +42,19 @@ def random_instance(seed: int, max_stages: int) -> tuple[es.Job, es.Catalog]:
         g = BASE[n].to_dict()
         g.update(count=count, memory_gb=round(rng.uniform(0.02, 0.12), 3),
                  gpus_per_node=rng.choice([1, 2, 4]))
+        if slow_links:
+            g.update(inter_node_gbs=rng.choice([0.0005, 0.002, 0.01, 0.1]),
+                     intra_node_gbs=rng.choice([0.01, 1.0, 50.0]))
         gpus.append(es.GpuType(**g))
     catalog = es.Catalog(gpus=tuple(gpus))
     # A deadline relative to the fastest plan of the instance: below it (infeasible), at it,
     # or a little above (both bind and force mixes), or loose.
-    job = es.Job(model=model, seq_len=256, global_batch_size=2, iterations=1000,
+    job = es.Job(model=model, seq_len=256, global_batch_size=batch, iterations=1000,
                  deadline_hours=1e6)
     fastest = es.search(job, catalog, objective="time", max_stages=max_stages, **SMALL)
     if fastest.plans:
         hours = fastest.plans[0].estimate.total_hours  # type: ignore[union-attr]
-        job = es.Job(model=model, seq_len=256, global_batch_size=2, iterations=1000,
+        job = es.Job(model=model, seq_len=256, global_batch_size=batch, iterations=1000,
                      deadline_hours=hours * rng.choice([0.9, 1.0 + 1e-9, 1.1, 1.5, 3.0, 100.0]))
     return job, catalog
 
@@ -62,6 +71,23 @@ CASES = [(seed, 2) for seed in range(150)] + [(1000 + seed, 3) for seed in range
 @pytest.mark.parametrize(("seed", "max_stages"), CASES)
 def test_search_equals_brute_force(seed: int, max_stages: int) -> None:
     job, catalog = random_instance(seed, max_stages)
+    expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=max_stages,
+                                    max_tp=2, cost_model=COST)
+    got = search_cost(job, catalog, max_stages)
+    if math.isinf(expected):
+        assert math.isinf(got)
+    else:
+        assert got == pytest.approx(expected, rel=1e-9), plan
+
+
+@pytest.mark.parametrize(("seed", "max_stages"),
+                         [(2000 + seed, 3) for seed in range(30)] + [(3000 + seed, 4)
+                                                                      for seed in range(10)])
+def test_search_equals_brute_force_on_slow_links(seed: int, max_stages: int) -> None:
+    """Transfer-bound pipelines with many micro-batches: the round-trip bounds (placer and
+    allocator) and the in-flight memory bound by position are exercised and must stay
+    admissible."""
+    job, catalog = random_instance(seed, max_stages, slow_links=True)
     expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=max_stages,
                                     max_tp=2, cost_model=COST)
     got = search_cost(job, catalog, max_stages)

@@ -27,6 +27,7 @@ struct Candidate {
     std::int64_t group;
     std::int64_t layers;
     double pre, lb, ar, opt, g;
+    double x;  // where the stage's first forward can start (see round_trip)
 };
 
 class Placer {
@@ -118,14 +119,16 @@ private:
         if (use_memo_) {
             const Neck nk = neck_rest(P_, 0, root_index_);
             const double first = bound_rest(P_, 0, k_, root_index_);
-            const double second = sum_rest(P_, 0, k_, root_index_) + nk.g;
-            out.lower_bound_s = std::max(first, second) + nk.ar + nk.opt;
+            const double sum = sum_rest(P_, 0, k_, root_index_);
+            out.lower_bound_s = std::max({first, sum + nk.g, rt_factor(0) * sum}) + nk.ar +
+                                nk.opt;
         } else {
             out.lower_bound_s = 0.0;
         }
         if (!std::isfinite(out.lower_bound_s)) {
             return;  // no split fits in memory
         }
+        seq_x_.assign(static_cast<std::size_t>(P_), 0.0);
         seq_group_.assign(static_cast<std::size_t>(P_), 0);
         seq_layers_.assign(static_cast<std::size_t>(P_), 0);
         dfs(0, 0, k_, 0.0, 0.0, 0.0, 0.0, 0.0, root_index_);
@@ -339,6 +342,29 @@ private:
         return use_memo_ ? sum_rest(left, l, prev, idx) : 0.0;
     }
 
+    // 1F1B's round trips. Stage s holds nf_s = min(P - s, M) micro-batches: its forward of
+    // micro-batch m + nf_s follows its backward of m, which ends at least R_s after that
+    // micro-batch's forward began there, R_s = the work and transfers of stages s.. and back.
+    // So stage s starts ceil(M / nf_s) rounds of R_s one after another, the first no earlier
+    // than x_s (the work and transfers into s), and the last one's gradient still has to
+    // return through the stages before s: T >= x_s + ceil(M / nf_s) (S - x_s), S the sum of
+    // (w + 2c) over all stages (x_s + R_s = S). Pipelines bound by slow links hit this one.
+    double rt_factor(std::int64_t s) const {
+        if (work_.schedule != Schedule::OneFOneB) return 1.0;
+        const std::int64_t nf = std::min(P_ - s, M_);
+        return static_cast<double>((M_ + nf - 1) / nf);
+    }
+
+    // The largest round-trip bound over the stages placed so far (0..pos), S >= `sum`.
+    double round_trip(std::int64_t pos, double sum) const {
+        double best = 0.0;
+        for (std::int64_t s = 0; s <= pos; ++s) {
+            const double x = seq_x_[static_cast<std::size_t>(s)];
+            best = std::max(best, x + rt_factor(s) * (sum - x));
+        }
+        return best;
+    }
+
     double cutoff() const {
         if (opt_.incumbent == nullptr) return opt_.cutoff_s;
         const double inc = opt_.incumbent->load(std::memory_order_relaxed) * opt_.incumbent_scale;
@@ -393,12 +419,14 @@ private:
                 const Neck nk = tail_neck(left - 1, l + n, idx - stride_[sj]);
                 if (!std::isfinite(nk.g)) continue;
                 const double first = std::max(lb, npre + tail);
-                const double second =
-                    npre + tail_sum(left - 1, l + n, j, idx - stride_[sj]) + std::max(g, nk.g);
-                const double bound =
-                    std::max(first, second) + std::max(ar, nk.ar) + std::max(op, nk.opt);
+                const double sum = npre + tail_sum(left - 1, l + n, j, idx - stride_[sj]);
+                const double second = sum + std::max(g, nk.g);
+                seq_x_[static_cast<std::size_t>(pos)] = pre_i;
+                const double third = round_trip(pos, sum);
+                const double bound = std::max({first, second, third}) + std::max(ar, nk.ar) +
+                                     std::max(op, nk.opt);
                 if (prune(bound)) continue;
-                cands.push_back({bound, rank_[sj], j, n, npre, lb, ar, op, g});
+                cands.push_back({bound, rank_[sj], j, n, npre, lb, ar, op, g, pre_i});
             }
             ++remaining_[sj];
         }
@@ -412,6 +440,7 @@ private:
             const auto sj = static_cast<std::size_t>(cd.group);
             seq_group_[static_cast<std::size_t>(pos)] = cd.group;
             seq_layers_[static_cast<std::size_t>(pos)] = cd.layers;
+            seq_x_[static_cast<std::size_t>(pos)] = cd.x;
             --remaining_[sj];
             if (left == 1) {
                 leaf(cd.ar, cd.opt);
@@ -464,6 +493,7 @@ private:
     bool one_node_ = false, use_memo_ = false, exhaustive_ = true, timed_out_ = false;
     std::int64_t root_index_ = 0, nodes_ = 0, leaves_ = 0;
     std::vector<std::int64_t> seq_group_, seq_layers_, best_group_, best_layers_;
+    std::vector<double> seq_x_;
     double best_iter_ = kInf;
 };
 

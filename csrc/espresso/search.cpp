@@ -90,6 +90,10 @@ struct Combo {
     // Most blocks one stage of (type, width index) can hold: a middle stage with a single
     // micro-batch in flight, the most lenient position (an upper bound for every position).
     std::vector<std::vector<std::int64_t>> max_layers;
+    // The same with k micro-batches in flight, k = 1..kin (more blocks than this never fit
+    // a stage holding k micro-batches' activations, at any position): by type, width, k-1.
+    std::vector<std::vector<std::vector<std::int64_t>>> max_layers_k;
+    std::int64_t kin = 1;
     // Per type, for the completion bound: (block time, memory limit) of each width the
     // type's per-replica GPUs allow, the largest tp * DP link GB/s and tp * memory GB/s of
     // one stage, and of all its GPUs.
@@ -302,6 +306,11 @@ private:
                         c.suffix_cap[p] = c.suffix_cap[p + 1] + per_replica * cap_[t];
                     }
                     c.max_layers.resize(gpus_.size());
+                    c.max_layers_k.resize(gpus_.size());
+                    c.kin = c.work.schedule == Schedule::GPipe
+                                ? 1
+                                : std::max<std::int64_t>(1, std::min(std::min(opt_.max_stages, model_.num_layers),
+                                                                    c.work.num_microbatches));
                     Workload lenient = c.work;
                     lenient.schedule = Schedule::GPipe;
                     lenient.num_microbatches = 1;
@@ -322,6 +331,7 @@ private:
                                 else hi = mid - 1;
                             }
                             c.max_layers[st].push_back(lo);
+                            c.max_layers_k[st].push_back(layers_in_flight(c, st, w, lo));
                         }
                     }
                     prepare_options(c);
@@ -330,6 +340,86 @@ private:
             }
         }
         stats_.combos = static_cast<std::int64_t>(combos_.size());
+    }
+
+    // Blocks a middle stage of `tp` GPUs of type st can hold with k = 1..c.kin micro-batches
+    // in flight (GPipe: M). A middle stage's memory is states + k activations per block, plus
+    // a transient: n (S + k A) + T, so the most blocks are (U - T) / (S + k A); the slopes come
+    // from the cost model itself, the quotient is rounded up (an upper bound), and never above
+    // `lenient` (the exact count with one micro-batch in flight).
+    std::vector<std::int64_t> layers_in_flight(const Combo& c, std::size_t st, std::int64_t tp,
+                                               std::int64_t lenient) const {
+        std::vector<std::int64_t> out;
+        const GpuSpec& g = gpus_[st];
+        auto mem = [&](std::int64_t n, std::int64_t k) {
+            Workload w = c.work;
+            w.schedule = Schedule::GPipe;
+            w.num_microbatches = k;
+            return stage_cost(model_, g, params_, w, tp, n, 1, 3).memory_bytes;
+        };
+        const std::int64_t k0 = c.work.schedule == Schedule::GPipe ? c.work.num_microbatches : 1;
+        const double m1 = mem(1, k0), m2 = mem(2, k0);
+        const double per_block = m2 - m1;                          // S + k0 A
+        const double act = k0 == 1 ? mem(1, 2) - m1 : 0.0;         // A (1F1B only)
+        const double base = m1 - per_block;                         // T
+        const double usable = usable_bytes(g, params_);
+        for (std::int64_t k = 1; k <= c.kin; ++k) {
+            const double slope = per_block + d(k - 1) * act;
+            std::int64_t n = lenient;
+            if (slope > 0 && std::isfinite(slope)) {
+                const double q = (usable - base) / slope * (1 + 1e-9);
+                n = q < 0 ? 0 : static_cast<std::int64_t>(std::min(d(lenient), std::floor(q)));
+            }
+            out.push_back(std::min(n, lenient));
+        }
+        return out;
+    }
+
+    // Whether the allocation's stages can sit at some positions of a pipeline and together
+    // hold every block: position i holds k_i = min(P - i, M) micro-batches in flight under
+    // 1F1B, and a stage there at most max_layers_k blocks (each at least one). The best
+    // assignment of stages to positions, by a dynamic programme over the positions and the
+    // multiset of stages used (skipped, i.e. assumed to fit, when that multiset is large).
+    bool fits_positions(const Node& n, const Combo& c) const {
+        if (c.work.schedule == Schedule::GPipe || n.stages < 2) return true;
+        const std::size_t k = n.choices.size();
+        std::vector<std::int64_t> stride(k), cap(k * static_cast<std::size_t>(n.stages));
+        std::int64_t states = 1;
+        for (std::size_t j = 0; j < k; ++j) {
+            stride[j] = states;
+            states *= n.choices[j].count + 1;
+            if (states > 4096) return true;
+        }
+        const std::int64_t P = n.stages, M = c.work.num_microbatches, L = model_.num_layers;
+        for (std::size_t j = 0; j < k; ++j) {
+            const Choice& ch = n.choices[j];
+            const auto st = static_cast<std::size_t>(ch.type);
+            const auto& ws = widths_[st];
+            const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
+            const auto& caps = c.max_layers_k[st][wi];
+            for (std::int64_t i = 0; i < P; ++i) {
+                const std::int64_t fl = std::min(P - i, M);
+                cap[j * static_cast<std::size_t>(P) + static_cast<std::size_t>(i)] =
+                    fl <= c.kin ? caps[static_cast<std::size_t>(fl - 1)] : 0;
+            }
+        }
+        std::vector<std::int64_t> best(static_cast<std::size_t>(states), -1);
+        best[0] = 0;
+        for (std::int64_t sidx = 0; sidx < states; ++sidx) {
+            const std::int64_t have = best[static_cast<std::size_t>(sidx)];
+            if (have < 0) continue;
+            std::int64_t pos = 0;
+            for (std::size_t j = 0; j < k; ++j) pos += (sidx / stride[j]) % (n.choices[j].count + 1);
+            if (pos >= P) continue;
+            for (std::size_t j = 0; j < k; ++j) {
+                if ((sidx / stride[j]) % (n.choices[j].count + 1) == n.choices[j].count) continue;
+                const std::int64_t v = cap[j * static_cast<std::size_t>(P) + static_cast<std::size_t>(pos)];
+                if (v < 1) continue;
+                auto& nb = best[static_cast<std::size_t>(sidx + stride[j])];
+                nb = std::max(nb, std::min(L, have + v));
+            }
+        }
+        return best[static_cast<std::size_t>(states - 1)] >= L;
     }
 
     void prepare_options(Combo& c) const {
@@ -475,7 +565,8 @@ private:
         if (n.stages < 1 || n.stages > model_.num_layers) return kInf;
         const double rate = effective_rate(n, c);
         if (rate < c.rate_min) return kInf;
-        if (opt_.prune_memory && (n.cap < c.need_bytes || n.max_layers < model_.num_layers)) {
+        if (opt_.prune_memory && (n.cap < c.need_bytes || n.max_layers < model_.num_layers ||
+                                  !fits_positions(n, c))) {
             return kInf;
         }
         // Iteration time at least: the average-rate bound, or M times the bottleneck.
@@ -496,6 +587,27 @@ private:
                 }
                 t_iter = std::max(t_iter, d(model_.num_layers) * t_min + a * tau);
             }
+        }
+        if (n.stages > 1) {
+            double t_min = kInf, head_min = kInf;
+            std::int64_t gpus = 0;
+            for (const Choice& ch : n.choices) {
+                t_min = std::min(t_min, block_time(c, ch.type, ch.tp));
+                head_min = std::min(head_min, head_time(c, ch.type, ch.tp));
+                gpus += std::int64_t{ch.count} * ch.tp;
+            }
+            const GpuSpec& g0 = gpus_[static_cast<std::size_t>(n.choices[0].type)];
+            const bool one_node = n.types == 1 && gpus * c.work.dp <= g0.gpus_per_node;
+            std::vector<double> sends;  // each stage's own transfer time
+            for (const Choice& ch : n.choices) {
+                const GpuSpec& g = gpus_[static_cast<std::size_t>(ch.type)];
+                sends.insert(sends.end(), static_cast<std::size_t>(ch.count),
+                             send_lb(c, one_node ? std::max(g.intra_node_gbs, g.inter_node_gbs)
+                                                 : g.inter_node_gbs));
+            }
+            t_iter = std::max(t_iter, round_trip_bound(c, n.stages,
+                                                       d(model_.num_layers) * t_min + head_min,
+                                                       boundary_sum(sends, n.stages)));
         }
         t_iter += sync_bound(c, n.sum_bw, n.sum_hbm);
         const double hours = job_.iterations * t_iter / 3600.0;
@@ -532,6 +644,42 @@ private:
         if (opt_.objective == Objective::Cost) return std::max(by_rate, usd);
         if (usd > opt_.budget_usd * (1 + kSlack)) return kInf;
         return std::max(by_rate, hours);
+    }
+
+    // The least time of one activation (or gradient) transfer between pipeline neighbours
+    // over a link of at most `bw` GB/s, as the cost model's send_s charges it.
+    double send_lb(const Combo& c, double bw) const {
+        if (!(bw > 0)) return 0.0;
+        const double msg = d(job_.seq_len) * d(c.work.micro_batch_size) *
+                           d(model_.hidden_size) * params_.bytes_per_activation;
+        return (params_.link_latency_s + msg / (bw * kGB * params_.link_efficiency)) *
+               (1 - 1e-12);
+    }
+
+    // The least sum of the P - 1 transfers of a pipeline whose stages, on their own links,
+    // send in `sends` (one per stage; sorted here). A transfer runs at the slower end's link,
+    // so it takes the larger of its two stages' times; any t stages (t < P) touch at least t
+    // of the path's links, so the k-th largest transfer is at least the k-th largest stage
+    // time: the sum is at least that of the P - 1 largest.
+    static double boundary_sum(std::vector<double>& sends, std::int64_t P) {
+        std::sort(sends.begin(), sends.end(), std::greater<>());
+        double sum = 0;
+        for (std::int64_t i = 0; i + 1 < P && i < static_cast<std::int64_t>(sends.size()); ++i) {
+            sum += sends[static_cast<std::size_t>(i)];
+        }
+        return sum;
+    }
+
+    // 1F1B's round trips (docs/search.md): stage 0 keeps at most min(P, M) micro-batches in
+    // flight, and each one's forward and backward through every stage and link takes at least
+    // `work` (the stages' work per micro-batch) plus twice the transfers (`sends`, their sum):
+    // the iteration takes at least ceil(M / min(P, M)) such round trips. Pipelines on slow
+    // links hit this bound.
+    double round_trip_bound(const Combo& c, std::int64_t P, double work, double sends) const {
+        if (c.work.schedule != Schedule::OneFOneB || P < 2) return 0.0;
+        const std::int64_t M = c.work.num_microbatches;
+        const std::int64_t nf = std::min(P, M);
+        return d((M + nf - 1) / nf) * (work + 2.0 * sends);
     }
 
     double sync_bound(const Combo& c, double sum_bw, double sum_hbm) const {
@@ -645,6 +793,37 @@ private:
                                                          : 1.0 + 2.0 * bwd_fwd_ratio_;
             const double a = M - 1 - d(n.stages + room - 1) / q;
             if (a > 0) t_iter = std::max(t_iter, d(L) * t_min + a * tau);
+        }
+        if (c.work.schedule == Schedule::OneFOneB) {
+            // Round trips, for each number of stages a completion can have: the node's stages
+            // send on their own instance network (a completion adds another type, so the
+            // plan spans instances), an added stage at best on the fastest later link (its
+            // in-instance link too when the node is empty: a one-instance plan).
+            double link = 0, head_min = kInf;
+            std::vector<double> sends;
+            for (const Choice& ch : n.choices) {
+                sends.insert(sends.end(), static_cast<std::size_t>(ch.count),
+                             send_lb(c, gpus_[static_cast<std::size_t>(ch.type)].inter_node_gbs));
+            }
+            for (const Group& g : own) head_min = std::min(head_min, g.head);
+            for (std::size_t p = p0; p < order_.size(); ++p) {
+                const GpuSpec& g = gpus_[static_cast<std::size_t>(order_[p])];
+                link = std::max(link, n.stages == 0 ? std::max(g.inter_node_gbs, g.intra_node_gbs)
+                                                    : g.inter_node_gbs);
+                for (const double h : c.options[static_cast<std::size_t>(order_[p])].head) {
+                    head_min = std::min(head_min, h);
+                }
+            }
+            const double send = send_lb(c, link);
+            const double work = d(L) * t_min + (std::isfinite(head_min) ? head_min : 0.0);
+            double rt = kInf;
+            for (std::int64_t r = 1; r <= room; ++r) {
+                sends.push_back(send);
+                std::vector<double> all = sends;
+                rt = std::min(rt, round_trip_bound(c, n.stages + r, work,
+                                                   boundary_sum(all, n.stages + r)));
+            }
+            t_iter = std::max(t_iter, rt);
         }
         const double bw = n.sum_bw + std::min(bw_all, d(room) * bw_slot);
         const double hbm = n.sum_hbm + std::min(hbm_all, d(room) * hbm_slot);
@@ -881,6 +1060,7 @@ private:
             if (!std::isfinite(own)) {
                 const bool memory = node.cap < c.need_bytes ||
                                     node.max_layers < model_.num_layers ||
+                                    !fits_positions(node, c) ||
                                     !std::isfinite(bottleneck_bound(node, c));
                 if (memory && opt_.prune_memory) ++local.s.pruned_memory;
                 else if (opt_.objective == Objective::Time) ++local.s.pruned_cost;  // budget
