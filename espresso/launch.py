@@ -14,6 +14,7 @@ cost model's placement assumes (docs/cost-model.md).
 
 from __future__ import annotations
 
+import functools
 import shlex
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 
 from . import _validate as v
 from .errors import PlanError, SpecError
-from .plan import Plan
+from .plan import Plan, Stage
 
 
 class LaunchError(SpecError):
@@ -95,22 +96,72 @@ def check_runnable(plan: Plan, num_blocks: int | None = None,
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Host:
-    """One machine: its address, GPU type and how many of those GPUs it has."""
+    """One machine: its address, GPU type and how many of those GPUs it has.
+
+    A cloud instance may be described by its ``instance_type`` instead (``p4d.24xlarge``):
+    its GPU model and count then come from the built-in offer snapshot (give ``gpu`` and
+    ``gpus`` for a type the snapshot does not know). Such a host runs the stages whose offer
+    is of that instance type; a host given by GPU runs any stage of that GPU model."""
 
     address: str
-    gpu: str
-    gpus: int
+    gpu: str | None = None
+    gpus: int | None = None
+    instance_type: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "address", v.string("host.address", self.address,
-                                                     err=LaunchError))
-        object.__setattr__(self, "gpu", v.string("host.gpu", self.gpu, err=LaunchError))
-        object.__setattr__(self, "gpus", v.integer("host.gpus", self.gpus, minimum=1,
-                                                   maximum=1024, err=LaunchError))
+        set_ = object.__setattr__
+        set_(self, "address", v.string("host.address", self.address, err=LaunchError))
+        if self.instance_type is not None:
+            it = v.string("host.instance_type", self.instance_type, err=LaunchError)
+            set_(self, "instance_type", it)
+            known = _instance_types().get(it)
+            if known is None and (self.gpu is None or self.gpus is None):
+                msg = (f"host.instance_type: {it!r} is not in the built-in offer snapshot; "
+                       "give its gpu and gpus too")
+                raise LaunchError(msg)
+            if known is not None:
+                if self.gpu is not None and self.gpu != known[0]:
+                    msg = (f"host.gpu: {self.gpu!r} but instance type {it} has {known[0]} GPUs")
+                    raise LaunchError(msg)
+                set_(self, "gpu", known[0])
+                if self.gpus is None:
+                    set_(self, "gpus", known[1])
+        for name in ("gpu", "gpus"):
+            if getattr(self, name) is None:
+                msg = f"host: missing required field {name!r} (or give instance_type)"
+                raise LaunchError(msg)
+        set_(self, "gpu", v.string("host.gpu", self.gpu, err=LaunchError))
+        set_(self, "gpus", v.integer("host.gpus", self.gpus, minimum=1, maximum=1024,
+                                     err=LaunchError))
+
+    def runs(self, stage: Stage) -> bool:
+        """Whether this host can hold ranks of ``stage``."""
+        if self.gpu != stage.gpu:
+            return False
+        if self.instance_type is None or stage.offer is None:
+            return True
+        return stage.offer.split("/")[-1] == self.instance_type
+
+    @property
+    def label(self) -> str:
+        return f"{self.instance_type} ({self.gpu})" if self.instance_type else str(self.gpu)
+
+
+@functools.cache
+def _instance_types() -> dict[str, tuple[str, int]]:
+    """Instance type -> (GPU model, GPUs) over the built-in offer snapshot."""
+    from .catalog import Catalog
+
+    out: dict[str, tuple[str, int]] = {}
+    for g in Catalog.builtin("cloud"):
+        if g.instance_type:
+            out.setdefault(g.instance_type, (g.model, g.gpus_per_node))
+    return out
 
 
 def load_hosts(path: str | Path) -> list[Host]:
-    """Read ``hosts: [{address, gpu, gpus}, ...]`` from YAML or JSON."""
+    """Read ``hosts: [{address, gpu, gpus} or {address, instance_type}, ...]`` from YAML or
+    JSON."""
     return hosts_from_dict(v.load_yaml("hosts", path, err=LaunchError))
 
 
@@ -125,7 +176,8 @@ def hosts_from_dict(data: Any) -> list[Host]:
     names = [f.name for f in fields(Host)]
     for i, h in enumerate(items):
         h = v.mapping(f"hosts[{i}]", h, err=LaunchError)
-        v.known_keys(f"hosts[{i}]", h, names, names, err=LaunchError)
+        required = ["address"] if "instance_type" in h else ["address", "gpu", "gpus"]
+        v.known_keys(f"hosts[{i}]", h, names, required, err=LaunchError)
         hosts.append(Host(**dict(h)))
     return hosts
 
@@ -147,15 +199,24 @@ def assign_hosts(plan: Plan, hosts: list[Host]) -> list[NodeAssignment]:
 
     Raises LaunchError saying precisely what is missing when the hosts cannot hold the plan.
     """
-    layout = rank_layout(plan)
+    # What each stage needs, by the instance type of its offer when the hosts name
+    # instance types (else by GPU model), against what the hosts that can run it have.
+    by_instance = any(h.instance_type for h in hosts)
+
+    def need_key(st: Stage) -> str:
+        if by_instance and st.offer is not None:
+            return f"{st.offer.split('/')[-1]} ({st.gpu})"
+        return st.gpu
+
     need: dict[str, int] = {}
-    for info in layout:
-        need[info.gpu] = need.get(info.gpu, 0) + 1
-    have: dict[str, int] = {}
-    for host_spec in hosts:
-        have[host_spec.gpu] = have.get(host_spec.gpu, 0) + host_spec.gpus
-    short = [f"{n - have.get(g, 0)} more {g} (plan needs {n}, hosts have {have.get(g, 0)})"
-             for g, n in need.items() if have.get(g, 0) < n]
+    example: dict[str, Stage] = {}
+    for st in plan.stages:
+        k = need_key(st)
+        need[k] = need.get(k, 0) + st.tp * plan.dp
+        example.setdefault(k, st)
+    have = {k: sum(h.gpus or 0 for h in hosts if h.runs(example[k])) for k in need}
+    short = [f"{n - have[k]} more {k} (plan needs {n}, hosts have {have[k]})"
+             for k, n in need.items() if have[k] < n]
     if short:
         msg = "hosts cannot hold the plan: missing " + "; ".join(short)
         raise LaunchError(msg)
@@ -167,14 +228,14 @@ def assign_hosts(plan: Plan, hosts: list[Host]) -> list[NodeAssignment]:
     first = 0
     for s, st in enumerate(plan.stages):
         for r in range(plan.dp):
-            host = next((i for i, h in enumerate(hosts) if h.gpu == st.gpu and free[i] >= st.tp),
+            host = next((i for i, h in enumerate(hosts) if h.runs(st) and free[i] >= st.tp),
                         None)
             if host is None:
-                biggest = max((free[i] for i, h in enumerate(hosts) if h.gpu == st.gpu),
-                              default=0)
+                biggest = max((free[i] for i, h in enumerate(hosts) if h.runs(st)), default=0)
+                k = need_key(st)
                 msg = (f"hosts cannot hold the plan: stage {s} (replica {r}) needs {st.tp} "
                        f"{st.gpu} GPUs on one host for its tensor-parallel group, but the most "
-                       f"any {st.gpu} host has left is {biggest} (give {st.gpu} hosts whose GPU "
+                       f"any {k} host has left is {biggest} (give {k} hosts whose GPU "
                        f"counts are multiples of {st.tp})")
                 raise LaunchError(msg)
             free[host] -= st.tp
@@ -211,6 +272,6 @@ def torchrun_commands(plan_path: str, plan: Plan, hosts: list[Host], script: str
                f"--master-port={master_port + 1} {shlex.quote(script)}")
         if script_args:
             cmd += f" {script_args}"
-        cmds.append(f"# {n.host.address} ({n.host.gpu}): ranks {n.first_rank}.."
+        cmds.append(f"# {n.host.address} ({n.host.label}): ranks {n.first_rank}.."
                     f"{n.first_rank + n.nproc - 1}\n{cmd}")
     return cmds

@@ -137,3 +137,58 @@ def test_launch_refuses_plans_the_runner_cannot_run(tmp_path: Path,
     es.Plan.from_dict(d).to_json(bad)
     assert main(["launch", str(bad), "--hosts", "unused.yaml"]) == 2
     assert "global batch is 512" in capsys.readouterr().err
+
+
+def _offer_plan() -> es.Plan:
+    """dp 2: stage 0 on p4d.24xlarge (A100-40GB, tp 4), stage 1 on p5.48xlarge (tp 8)."""
+    job = es.Job(model=es.ModelSpec.preset("llama2-7b"), tokens=10**9, deadline_hours=1e4)
+    return es.Plan(job=job, dp=2, micro_batch_size=1, num_microbatches=256, stages=(
+        es.Stage(gpu="A100-40GB", tp=4, layers=(0, 16), offer="aws/us-east-1/p4d.24xlarge"),
+        es.Stage(gpu="H100-SXM", tp=8, layers=(16, 32), offer="aws/us-east-1/p5.48xlarge")))
+
+
+def test_hosts_by_instance_type_take_gpus_from_the_snapshot() -> None:
+    plan = _offer_plan()
+    hosts = hosts_from_dict({"hosts": [
+        {"address": "h1", "instance_type": "p5.48xlarge"},
+        {"address": "h0", "instance_type": "p4d.24xlarge"},
+        {"address": "h2", "instance_type": "p5.48xlarge"},
+    ]})
+    assert (hosts[0].gpu, hosts[0].gpus) == ("H100-SXM", 8)
+    nodes = assign_hosts(plan, hosts)
+    assert [(n.host.address, n.first_rank, n.nproc) for n in nodes] == [
+        ("h0", 0, 8), ("h1", 8, 8), ("h2", 16, 8)]
+
+
+def test_hosts_of_another_instance_type_do_not_run_an_offer_stage() -> None:
+    # Lambda's gpu_8x_a100 has the same GPU as p4d.24xlarge, but the plan rents p4d.
+    plan = _offer_plan()
+    hosts = hosts_from_dict({"hosts": [
+        {"address": "l0", "instance_type": "gpu_8x_a100"},
+        {"address": "h1", "instance_type": "p5.48xlarge"},
+        {"address": "h2", "instance_type": "p5.48xlarge"},
+    ]})
+    with pytest.raises(LaunchError, match=r"missing 8 more p4d.24xlarge \(A100-40GB\) "
+                                          r"\(plan needs 8, hosts have 0\)"):
+        assign_hosts(plan, hosts)
+    # Hosts described by GPU alone (machines you own) run any stage of that GPU.
+    mixed = hosts_from_dict({"hosts": [
+        {"address": "own", "gpu": "A100-40GB", "gpus": 8},
+        {"address": "h1", "instance_type": "p5.48xlarge", "gpus": 16},
+    ]})
+    assert [n.host.address for n in assign_hosts(plan, mixed)] == ["own", "h1"]
+
+
+@pytest.mark.parametrize(("host", "match"), [
+    ({"address": "a", "instance_type": "x9.huge"}, "not in the built-in offer snapshot"),
+    ({"address": "a", "instance_type": "p4d.24xlarge", "gpu": "H100-SXM"},
+     "p4d.24xlarge has A100-40GB GPUs"),
+    ({"address": "a", "gpus": 8}, "missing required field 'gpu'"),
+])
+def test_bad_instance_hosts(host: dict[str, object], match: str) -> None:
+    with pytest.raises(LaunchError, match=match):
+        hosts_from_dict({"hosts": [host]})
+    # An unknown instance type is fine with its GPU given.
+    h = hosts_from_dict({"hosts": [{"address": "a", "instance_type": "x9.huge", "gpu": "L4",
+                                    "gpus": 4}]})[0]
+    assert h.label == "x9.huge (L4)"

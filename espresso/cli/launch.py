@@ -63,7 +63,8 @@ def register(sub: Any) -> None:
     p.add_argument("--local", action="store_true",
                    help="rehearse here: one CPU process per GPU of the plan, gloo")
     p.add_argument("--hosts", metavar="FILE",
-                   help="YAML: hosts: [{address: 10.0.0.1, gpu: A100-80GB, gpus: 8}, ...]")
+                   help="YAML: hosts: [{address: 10.0.0.1, gpu: A100-80GB, gpus: 8}, "
+                        "{address: 10.0.0.2, instance_type: p4d.24xlarge}, ...]")
     p.add_argument("--script", default="train.py", help="training script (default train.py)")
     p.add_argument("--script-args", default="", help="arguments for the script")
     p.add_argument("--port", type=int, default=29500, help="process-group port on the first host")
