@@ -223,7 +223,7 @@ def assign_hosts(plan: Plan, hosts: list[Host]) -> list[NodeAssignment]:
     # Hand out whole TP groups (a TP group needs one host: its all-reduces run over the
     # node's links), in rank order, each to the first host of its type, in file order, with
     # room for it; consecutive groups on one host merge into one block of ranks.
-    free = [h.gpus for h in hosts]
+    free = [h.gpus or 0 for h in hosts]
     assigned: list[list[int]] = []  # [host index, first rank, count]
     first = 0
     for s, st in enumerate(plan.stages):
