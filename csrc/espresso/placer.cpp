@@ -117,8 +117,14 @@ private:
         for (std::int64_t j = 0; j < k_; ++j) idx += count_[static_cast<std::size_t>(j)] * stride_[static_cast<std::size_t>(j)];
         root_index_ = idx;
         if (use_memo_) {
-            const Neck nk = neck_rest(P_, 0, root_index_);
+            // The fill-and-bottleneck bound first: alone it often shows that nothing here
+            // beats the cutoff, and the other two tables are then not needed.
             const double first = bound_rest(P_, 0, k_, root_index_);
+            if (prune(first)) {
+                out.lower_bound_s = first;
+                return;
+            }
+            const Neck nk = neck_rest(P_, 0, root_index_);
             const double sum = sum_rest(P_, 0, k_, root_index_);
             out.lower_bound_s = std::max({first, sum + nk.g, rt_factor(0) * sum}) + nk.ar +
                                 nk.opt;

@@ -375,51 +375,89 @@ private:
         return out;
     }
 
-    // Whether the allocation's stages can sit at some positions of a pipeline and together
-    // hold every block: position i holds k_i = min(P - i, M) micro-batches in flight under
-    // 1F1B, and a stage there at most max_layers_k blocks (each at least one). The best
-    // assignment of stages to positions, by a dynamic programme over the positions and the
-    // multiset of stages used (skipped, i.e. assumed to fit, when that multiset is large).
-    bool fits_positions(const Node& n, const Combo& c) const {
-        if (c.work.schedule == Schedule::GPipe || n.stages < 2) return true;
+    // The bottleneck bound with each stage's memory limit at its position: position i holds
+    // k_i = min(P - i, M) micro-batches in flight under 1F1B (M under GPipe), where a stage
+    // holds at most max_layers_k blocks. The least tau at which some assignment of the
+    // stages to positions lets each take at least one block and together all L, a stage of
+    // block time t taking at most min(tau / t, its limit there): bisection over the values
+    // m t (feasibility only grows with tau), each test a dynamic programme over the positions
+    // and the multiset of stages used. +inf when no assignment holds the model at all.
+    // Skipped (0) when that multiset is too large.
+    double positioned_tau(const Node& n, const Combo& c) const {
+        if (n.stages < 1) return 0.0;
         const std::size_t k = n.choices.size();
-        std::vector<std::int64_t> stride(k), cap(k * static_cast<std::size_t>(n.stages));
+        std::vector<std::int64_t> stride(k);
         std::int64_t states = 1;
         for (std::size_t j = 0; j < k; ++j) {
             stride[j] = states;
             states *= n.choices[j].count + 1;
-            if (states > 4096) return true;
+            if (states > 4096) return 0.0;
         }
         const std::int64_t P = n.stages, M = c.work.num_microbatches, L = model_.num_layers;
+        const auto sP = static_cast<std::size_t>(P);
+        std::vector<std::int64_t> cap(k * sP);
+        std::vector<double> t(k);
         for (std::size_t j = 0; j < k; ++j) {
             const Choice& ch = n.choices[j];
             const auto st = static_cast<std::size_t>(ch.type);
             const auto& ws = widths_[st];
             const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
             const auto& caps = c.max_layers_k[st][wi];
+            t[j] = c.block_s[st][wi];
             for (std::int64_t i = 0; i < P; ++i) {
-                const std::int64_t fl = std::min(P - i, M);
-                cap[j * static_cast<std::size_t>(P) + static_cast<std::size_t>(i)] =
-                    fl <= c.kin ? caps[static_cast<std::size_t>(fl - 1)] : 0;
+                const std::int64_t fl = c.work.schedule == Schedule::GPipe ? 1 : std::min(P - i, M);
+                cap[j * sP + static_cast<std::size_t>(i)] =
+                    !opt_.prune_memory ? L : fl <= c.kin ? caps[static_cast<std::size_t>(fl - 1)] : 0;
             }
         }
-        std::vector<std::int64_t> best(static_cast<std::size_t>(states), -1);
-        best[0] = 0;
-        for (std::int64_t sidx = 0; sidx < states; ++sidx) {
-            const std::int64_t have = best[static_cast<std::size_t>(sidx)];
-            if (have < 0) continue;
-            std::int64_t pos = 0;
-            for (std::size_t j = 0; j < k; ++j) pos += (sidx / stride[j]) % (n.choices[j].count + 1);
-            if (pos >= P) continue;
-            for (std::size_t j = 0; j < k; ++j) {
-                if ((sidx / stride[j]) % (n.choices[j].count + 1) == n.choices[j].count) continue;
-                const std::int64_t v = cap[j * static_cast<std::size_t>(P) + static_cast<std::size_t>(pos)];
-                if (v < 1) continue;
-                auto& nb = best[static_cast<std::size_t>(sidx + stride[j])];
-                nb = std::max(nb, std::min(L, have + v));
+        std::vector<std::int64_t> best(static_cast<std::size_t>(states));
+        std::vector<std::int64_t> digit(k);
+        auto feasible = [&](double tau) {
+            std::fill(best.begin(), best.end(), -1);
+            std::fill(digit.begin(), digit.end(), 0);
+            best[0] = 0;
+            std::int64_t pos = 0;  // stages placed in state sidx: the sum of its digits
+            for (std::int64_t sidx = 0; sidx < states; ++sidx) {
+                if (sidx > 0) {  // the mixed-radix successor of the previous state
+                    for (std::size_t j = 0; j < k; ++j) {
+                        if (digit[j] < n.choices[j].count) {
+                            ++digit[j];
+                            ++pos;
+                            break;
+                        }
+                        pos -= digit[j];
+                        digit[j] = 0;
+                    }
+                }
+                const std::int64_t have = best[static_cast<std::size_t>(sidx)];
+                if (have < 0 || pos >= P) continue;
+                for (std::size_t j = 0; j < k; ++j) {
+                    if (digit[j] == n.choices[j].count) continue;
+                    std::int64_t v = cap[j * sP + static_cast<std::size_t>(pos)];
+                    if (std::isfinite(tau)) {
+                        v = std::min<std::int64_t>(
+                            v, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / t[j] * (1 + 1e-12)))));
+                    }
+                    if (v < 1) continue;
+                    auto& nb = best[static_cast<std::size_t>(sidx + stride[j])];
+                    nb = std::max(nb, std::min(L, have + v));
+                }
             }
+            return best[static_cast<std::size_t>(states - 1)] >= L;
+        };
+        if (!feasible(kInf)) return kInf;
+        double out = kInf;
+        for (std::size_t j = 0; j < k; ++j) {
+            std::int64_t lo = 1, hi = L;
+            if (!feasible(d(hi) * t[j])) continue;
+            while (lo < hi) {
+                const std::int64_t mid = lo + (hi - lo) / 2;
+                if (feasible(d(mid) * t[j])) hi = mid;
+                else lo = mid + 1;
+            }
+            out = std::min(out, d(lo) * t[j]);
         }
-        return best[static_cast<std::size_t>(states - 1)] >= L;
+        return out * (1 - 1e-12);
     }
 
     void prepare_options(Combo& c) const {
@@ -561,17 +599,19 @@ private:
         return c.head_flops / (d(tp) * rate_[static_cast<std::size_t>(type)]);
     }
 
-    double own_bound(const Node& n, const Combo& c) const {
+    // `tau_min`: a bottleneck already known (positioned_tau), 0 when none.
+    double own_bound(const Node& n, const Combo& c, double tau_min = 0.0) const {
         if (n.stages < 1 || n.stages > model_.num_layers) return kInf;
         const double rate = effective_rate(n, c);
         if (rate < c.rate_min) return kInf;
-        if (opt_.prune_memory && (n.cap < c.need_bytes || n.max_layers < model_.num_layers ||
-                                  !fits_positions(n, c))) {
+        // positioned_tau() is checked only for nodes worth placing (process()): most are cut
+        // by their cost first, and it is the dearest of these tests.
+        if (opt_.prune_memory && (n.cap < c.need_bytes || n.max_layers < model_.num_layers)) {
             return kInf;
         }
         // Iteration time at least: the average-rate bound, or M times the bottleneck.
         const double M = d(c.work.num_microbatches);
-        const double tau = bottleneck_bound(n, c);
+        const double tau = std::max(bottleneck_bound(n, c), tau_min);
         if (!std::isfinite(tau)) return kInf;
         double t_iter = std::max({M * c.flops_mb / rate, M * tau,
                                   M * d(model_.num_layers) * c.block_flops / n.block_rate});
@@ -1060,7 +1100,6 @@ private:
             if (!std::isfinite(own)) {
                 const bool memory = node.cap < c.need_bytes ||
                                     node.max_layers < model_.num_layers ||
-                                    !fits_positions(node, c) ||
                                     !std::isfinite(bottleneck_bound(node, c));
                 if (memory && opt_.prune_memory) ++local.s.pruned_memory;
                 else if (opt_.objective == Objective::Time) ++local.s.pruned_cost;  // budget
@@ -1068,7 +1107,20 @@ private:
             } else if (beyond(own, thr)) {
                 ++local.s.pruned_cost;
             } else {
-                place_allocation(node, c, thr, local);
+                // The bottleneck with every stage's memory at its position: dearer than the
+                // other bounds, so only for allocations that would go to the placer.
+                const double tau = positioned_tau(node, c);
+                const double own2 = std::isfinite(tau) ? own_bound(node, c, tau) : kInf;
+                if (!std::isfinite(tau)) {
+                    ++local.s.pruned_memory;
+                } else if (!std::isfinite(own2)) {
+                    ++(opt_.objective == Objective::Time ? local.s.pruned_cost
+                                                         : local.s.pruned_deadline);
+                } else if (beyond(own2, thr)) {
+                    ++local.s.pruned_cost;
+                } else {
+                    place_allocation(node, c, thr, local);
+                }
             }
         }
         // 2. Children: stages of one more type, at any later order position.
