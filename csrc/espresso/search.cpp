@@ -413,6 +413,23 @@ private:
         std::vector<std::int64_t> best(static_cast<std::size_t>(states));
         std::vector<std::int64_t> digit(k);
         auto feasible = [&](double tau) {
+            // Sure answers first: the limits at the busiest position (0) are the tightest and
+            // at the last the loosest, for every stage.
+            std::int64_t tight = 0, loose = 0;
+            bool each = true, some = true;
+            for (std::size_t j = 0; j < k; ++j) {
+                const std::int64_t ft = std::isfinite(tau)
+                    ? static_cast<std::int64_t>(std::min(1e18, std::floor(tau / t[j] * (1 + 1e-12))))
+                    : L;
+                const std::int64_t lo_cap = std::min(ft, cap[j * sP]);
+                const std::int64_t hi_cap = std::min(ft, cap[j * sP + sP - 1]);
+                each = each && lo_cap >= 1;
+                some = some && hi_cap >= 1;
+                tight += n.choices[j].count * lo_cap;
+                loose += n.choices[j].count * hi_cap;
+            }
+            if (each && tight >= L) return true;
+            if (!some || loose < L) return false;
             std::fill(best.begin(), best.end(), -1);
             std::fill(digit.begin(), digit.end(), 0);
             best[0] = 0;
@@ -446,17 +463,26 @@ private:
             return best[static_cast<std::size_t>(states - 1)] >= L;
         };
         if (!feasible(kInf)) return kInf;
-        double out = kInf;
+        // The lenient bottleneck bound is below the answer: start there.
+        const double start = bottleneck_bound(n, c);
+        if (std::isfinite(start) && feasible(start)) return start;
+        // The answer is m t_j for some stage group j and m blocks: binary search over those
+        // values, merged and sorted.
+        std::vector<double> cand;
         for (std::size_t j = 0; j < k; ++j) {
-            std::int64_t lo = 1, hi = L;
-            if (!feasible(d(hi) * t[j])) continue;
-            while (lo < hi) {
-                const std::int64_t mid = lo + (hi - lo) / 2;
-                if (feasible(d(mid) * t[j])) hi = mid;
-                else lo = mid + 1;
-            }
-            out = std::min(out, d(lo) * t[j]);
+            const std::int64_t lo = std::isfinite(start)
+                                        ? std::max<std::int64_t>(1, static_cast<std::int64_t>(start / t[j]))
+                                        : 1;
+            for (std::int64_t m = lo; m <= L; ++m) cand.push_back(d(m) * t[j]);
         }
+        std::sort(cand.begin(), cand.end());
+        std::size_t lo = 0, hi = cand.size();  // the least feasible index, hi: none found
+        while (lo < hi) {
+            const std::size_t mid = lo + (hi - lo) / 2;
+            if (feasible(cand[mid])) hi = mid;
+            else lo = mid + 1;
+        }
+        const double out = lo < cand.size() ? cand[lo] : kInf;
         return out * (1 - 1e-12);
     }
 
@@ -638,16 +664,17 @@ private:
             }
             const GpuSpec& g0 = gpus_[static_cast<std::size_t>(n.choices[0].type)];
             const bool one_node = n.types == 1 && gpus * c.work.dp <= g0.gpus_per_node;
-            std::vector<double> sends;  // each stage's own transfer time
+            double sum = 0, least = kInf;  // over the stages' own transfer times
             for (const Choice& ch : n.choices) {
                 const GpuSpec& g = gpus_[static_cast<std::size_t>(ch.type)];
-                sends.insert(sends.end(), static_cast<std::size_t>(ch.count),
-                             send_lb(c, one_node ? std::max(g.intra_node_gbs, g.inter_node_gbs)
-                                                 : g.inter_node_gbs));
+                const double x = send_lb(c, one_node ? std::max(g.intra_node_gbs, g.inter_node_gbs)
+                                                     : g.inter_node_gbs);
+                sum += d(ch.count) * x;
+                least = std::min(least, x);
             }
             t_iter = std::max(t_iter, round_trip_bound(c, n.stages,
                                                        d(model_.num_layers) * t_min + head_min,
-                                                       boundary_sum(sends, n.stages)));
+                                                       boundary_sum(sum, least)));
         }
         t_iter += sync_bound(c, n.sum_bw, n.sum_hbm);
         const double hours = job_.iterations * t_iter / 3600.0;
@@ -673,14 +700,26 @@ private:
         if (!full || beyond(by_rate, thr)) return by_rate;
         // The iteration time of any completion, from whole blocks, the bottleneck and the
         // synchronisation terms (docs/search.md, "Completions").
-        const double t_iter = ext_time_bound(n, c);
+        // The iteration time at which the checks below cut the node (a little beyond, so
+        // that a bound stopped there is cut whatever the rounding).
+        const double price = d(c.work.dp) * (n.price + suffix_min_price_[p]);
+        double cut_hours = kInf;
+        if (opt_.enforce_deadline && opt_.prune_deadline) cut_hours = job_.deadline_hours;
+        if (opt_.objective == Objective::Cost) {
+            if (opt_.prune_cost && price > 0) cut_hours = std::min(cut_hours, thr / price);
+        } else {
+            if (opt_.prune_cost) cut_hours = std::min(cut_hours, thr);
+            if (price > 0) cut_hours = std::min(cut_hours, opt_.budget_usd / price);
+        }
+        const double target = cut_hours * (1 + 2 * kSlack) * 3600.0 / job_.iterations;
+        const double t_iter = ext_time_bound(n, c, std::isfinite(target) ? target : kInf);
         if (!std::isfinite(t_iter)) return kInf;
         const double hours = job_.iterations * t_iter / 3600.0;
         if (opt_.enforce_deadline && opt_.prune_deadline && hours > job_.deadline_hours * (1 + kSlack)) {
             return kInf;
         }
         // A completion pays at least the node's GPUs and the cheapest later one for `hours`.
-        const double usd = hours * d(c.work.dp) * (n.price + suffix_min_price_[p]);
+        const double usd = hours * price;
         if (opt_.objective == Objective::Cost) return std::max(by_rate, usd);
         if (usd > opt_.budget_usd * (1 + kSlack)) return kInf;
         return std::max(by_rate, hours);
@@ -696,19 +735,12 @@ private:
                (1 - 1e-12);
     }
 
-    // The least sum of the P - 1 transfers of a pipeline whose stages, on their own links,
-    // send in `sends` (one per stage; sorted here). A transfer runs at the slower end's link,
-    // so it takes the larger of its two stages' times; any t stages (t < P) touch at least t
-    // of the path's links, so the k-th largest transfer is at least the k-th largest stage
-    // time: the sum is at least that of the P - 1 largest.
-    static double boundary_sum(std::vector<double>& sends, std::int64_t P) {
-        std::sort(sends.begin(), sends.end(), std::greater<>());
-        double sum = 0;
-        for (std::int64_t i = 0; i + 1 < P && i < static_cast<std::int64_t>(sends.size()); ++i) {
-            sum += sends[static_cast<std::size_t>(i)];
-        }
-        return sum;
-    }
+    // The least sum of the P - 1 transfers of a pipeline whose P stages, on their own links,
+    // send in the times `sum` (over all stages) and `least` (the smallest). A transfer runs at
+    // the slower end's link, so it takes the larger of its two stages' times; any t stages
+    // (t < P) touch at least t of the path's links, so the k-th largest transfer is at least
+    // the k-th largest stage time: the sum is at least that of the P - 1 largest.
+    static double boundary_sum(double sum, double least) { return sum - least; }
 
     // 1F1B's round trips (docs/search.md): stage 0 keeps at most min(P, M) micro-batches in
     // flight, and each one's forward and backward through every stage and link takes at least
@@ -743,7 +775,9 @@ private:
     // L blocks; then T >= M tau_r and, under 1F1B, T >= L t_min + (M - 1 - (P + r - 1)/q)
     // tau_r. Both only fall as r grows, so r = room bounds every completion. The DP
     // all-reduce and the optimizer step add their own bounds.
-    double ext_time_bound(const Node& n, const Combo& c) const {
+    // `target`: an iteration time at which the caller cuts the node (kInf: none); once the
+    // bound is known to reach it, it is returned without refining further.
+    double ext_time_bound(const Node& n, const Combo& c, double target = kInf) const {
         const auto p0 = static_cast<std::size_t>(n.next);
         const std::int64_t room = std::min(opt_.max_stages, model_.num_layers) - n.stages;
         if (room < 1 || p0 >= order_.size()) return kInf;
@@ -818,32 +852,18 @@ private:
             return total >= L;
         };
         if (!feasible(kInf, false)) return kInf;  // the stages' memory cannot hold the blocks
-        double lo = 0, hi = d(L) * t_max + head_max;
-        const bool head = feasible(hi, true);  // always, unless rounding says otherwise
-        // Bisection to 0.1%: lo stays infeasible, so it is a lower bound at any precision.
-        for (int it = 0; it < 64 && hi - lo > 1e-3 * hi; ++it) {
-            const double mid = 0.5 * (lo + hi);
-            if (feasible(mid, head)) hi = mid;
-            else lo = mid;
-        }
-        const double tau = lo;  // below the least feasible tau
-        double t_iter = M * tau;
-        if (c.work.schedule == Schedule::OneFOneB) {
-            const double q = ext_tp || n.tensor_parallel ? 1.0 + std::min(1.0, 2.0 * bwd_fwd_ratio_)
-                                                         : 1.0 + 2.0 * bwd_fwd_ratio_;
-            const double a = M - 1 - d(n.stages + room - 1) / q;
-            if (a > 0) t_iter = std::max(t_iter, d(L) * t_min + a * tau);
-        }
+        // The terms that do not depend on the bottleneck tau: round trips and synchronisation.
+        double rt = 0;
         if (c.work.schedule == Schedule::OneFOneB) {
             // Round trips, for each number of stages a completion can have: the node's stages
             // send on their own instance network (a completion adds another type, so the
             // plan spans instances), an added stage at best on the fastest later link (its
             // in-instance link too when the node is empty: a one-instance plan).
-            double link = 0, head_min = kInf;
-            std::vector<double> sends;
+            double link = 0, head_min = kInf, sum = 0, least = kInf;
             for (const Choice& ch : n.choices) {
-                sends.insert(sends.end(), static_cast<std::size_t>(ch.count),
-                             send_lb(c, gpus_[static_cast<std::size_t>(ch.type)].inter_node_gbs));
+                const double x = send_lb(c, gpus_[static_cast<std::size_t>(ch.type)].inter_node_gbs);
+                sum += d(ch.count) * x;
+                least = std::min(least, x);
             }
             for (const Group& g : own) head_min = std::min(head_min, g.head);
             for (std::size_t p = p0; p < order_.size(); ++p) {
@@ -856,18 +876,48 @@ private:
             }
             const double send = send_lb(c, link);
             const double work = d(L) * t_min + (std::isfinite(head_min) ? head_min : 0.0);
-            double rt = kInf;
+            rt = kInf;
             for (std::int64_t r = 1; r <= room; ++r) {
-                sends.push_back(send);
-                std::vector<double> all = sends;
                 rt = std::min(rt, round_trip_bound(c, n.stages + r, work,
-                                                   boundary_sum(all, n.stages + r)));
+                                                   boundary_sum(sum + d(r) * send,
+                                                                std::min(least, send))));
             }
-            t_iter = std::max(t_iter, rt);
         }
         const double bw = n.sum_bw + std::min(bw_all, d(room) * bw_slot);
         const double hbm = n.sum_hbm + std::min(hbm_all, d(room) * hbm_slot);
-        return t_iter + sync_bound(c, bw, hbm);
+        const double sync = sync_bound(c, bw, hbm);
+        double a = 0;  // the 1F1B second bound's slope in tau
+        if (c.work.schedule == Schedule::OneFOneB) {
+            const double q = ext_tp || n.tensor_parallel ? 1.0 + std::min(1.0, 2.0 * bwd_fwd_ratio_)
+                                                         : 1.0 + 2.0 * bwd_fwd_ratio_;
+            a = std::max(0.0, M - 1 - d(n.stages + room - 1) / q);
+        }
+        auto iteration = [&](double tau) {
+            double t = std::max(M * tau, rt);
+            if (a > 0) t = std::max(t, d(L) * t_min + a * tau);
+            return t + sync;
+        };
+        if (iteration(0.0) >= target) return iteration(0.0);  // cut whatever tau is
+        double lo = 0, hi = d(L) * t_max + head_max;
+        const bool head = feasible(hi, true);  // always, unless rounding says otherwise
+        if (std::isfinite(target)) {
+            // The least tau at which the bound reaches the caller's cut: when the blocks do
+            // not fit even there, the bound is at least that, and one test settles it.
+            const double need = target - sync;
+            double cut = need / M;
+            if (a > 0) cut = std::min(cut, (need - d(L) * t_min) / a);
+            if (cut > lo && cut < hi) {
+                if (!feasible(cut, head)) return iteration(cut);
+                hi = cut;
+            }
+        }
+        // Bisection to 0.1%: lo stays infeasible, so it is a lower bound at any precision.
+        for (int it = 0; it < 64 && hi - lo > 1e-3 * hi; ++it) {
+            const double mid = 0.5 * (lo + hi);
+            if (feasible(mid, head)) hi = mid;
+            else lo = mid;
+        }
+        return iteration(lo);  // lo: below the least feasible tau
     }
 
     // Lower bound over completions that add stages of the type at order position p and
