@@ -206,6 +206,11 @@ class SearchMonitor:
     def cancel(self) -> None: ...
     def __init__(self) -> None: ...
 
+class SharedIncumbent:
+    @property
+    def value(self) -> float: ...
+    def __init__(self) -> None: ...
+
 class Objective(Enum):
     COST = 0
     TIME = 1
@@ -223,6 +228,8 @@ class SearchOptions:
     time_limit_s: float
     max_gpu_types: int
     incumbent: float
+    shared: SharedIncumbent | None
+    share_plans: bool
     monitor: SearchMonitor | None
     threads: int
     top_k: int

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -74,7 +75,8 @@ class SearchStats:
     subproblems: int = 1
     """(Domain, vendor) subproblems of the catalog (docs/catalog.md, "Scopes")."""
     subproblems_searched: int = 1
-    """Those searched; the others were cut by a bound before their search began."""
+    """Those searched; the others were cut by a bound before their search began, or had the
+    same offers as one searched (its plans are theirs)."""
     domain: str | None = None
     """The winning plan's domain and vendor."""
 
@@ -266,18 +268,23 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         if content not in seen_content:
             seen_content.add(content)
             unique.append(item)
+    total_subproblems = len(prepared)
     prepared = unique
     found: list[tuple[tuple[Any, ...], Any, Subproblem, list[GpuType]]] = []
     agg = {k: 0 for k in ("nodes_expanded", "nodes_generated", "pruned_cost", "pruned_deadline",
                           "pruned_memory", "pruned_availability", "pruned_dominance",
                           "leaves_placed", "placer_nodes", "placer_leaves", "dives", "combos")}
     peak = 0
-    searched = 0
+    searched: set[int] = set()
     seconds = 0.0
     threads_used = opts.threads
+    lock = threading.Lock()
+    # Subproblems searched side by side share their best plan's objective (top_k = 1).
+    shared = core.SharedIncumbent() if top_k == 1 else None
 
     def kth() -> float:
-        return found[top_k - 1][0][0] if len(found) >= top_k else math.inf
+        best = found[top_k - 1][0][0] if len(found) >= top_k else math.inf
+        return min(best, shared.value) if shared is not None else best
 
     # Pass 1 gives each subproblem a fair share of the time left (so one hard domain cannot
     # starve the others); pass 2 returns to those a share did not finish, best bound first,
@@ -285,33 +292,45 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     retry: list[tuple[float, int]] = []
     out_of_time = False
 
-    def run(n: int, limit: float | None) -> bool:
+    def run(n: int, limit: float | None, threads_each: int) -> bool:
         """Search subproblem n; False when it did not finish."""
-        nonlocal searched, peak, seconds, threads_used
+        nonlocal peak, seconds, threads_used
         _, _, sp, rows, specs = prepared[n]
-        opts.time_limit_s = 0.0 if limit is None else max(limit, 1e-3)
-        opts.incumbent = kth()
+        o = _options(objective=objective, budget_usd=budget_usd, time_limit_s=None,
+                     threads=threads_each, top_k=top_k, max_stages=max_stages, max_tp=max_tp,
+                     micro_batch_sizes=micro_batch_sizes, recompute=recompute,
+                     schedule=schedule, enforce_deadline=enforce_deadline, prune=prune,
+                     max_gpu_types=max_gpu_types)
+        o.monitor = opts.monitor
+        o.shared = shared
+        # A domain that spans locations also returns plans in one location, which are not
+        # kept (their own subproblem prices them): its plans must not set the incumbent.
+        o.share_plans = not sp.spans
+        o.time_limit_s = 0.0 if limit is None else max(limit, 1e-3)
+        with lock:
+            o.incumbent = kth()
         try:
-            res = core.search(dims, specs, cost._core(), _job_workload(job, sp), opts)
+            res = core.search(dims, specs, cost._core(), _job_workload(job, sp), o)
         except ValueError as exc:
             msg = f"search: {exc}"
             raise SpecError(msg) from None
-        searched += 1
         st = res.stats
-        for k in agg:
-            agg[k] += getattr(st, k)
-        peak = max(peak, st.frontier_peak)
-        seconds += st.seconds
-        threads_used = st.threads
-        for p in res.plans:
-            used = [rows[s_.gpu] for s_ in p.stages]
-            if sp.spans and locations_of(used, sp.spans) == 1:
-                continue  # one location: its own subproblem prices it exactly
-            found.append(((p.objective, n, *_plan_key(p)), p, sp, rows))
-        found.sort(key=lambda t: t[0])
-        del found[top_k:]
-        if not st.complete:
-            retry.append((st.lower_bound, n))
+        with lock:
+            searched.add(n)
+            for k in agg:
+                agg[k] += getattr(st, k)
+            peak = max(peak, st.frontier_peak)
+            seconds += st.seconds
+            threads_used = max(threads_used, st.threads) if threads_each > 1 else opts.threads
+            for p in res.plans:
+                used = [rows[s_.gpu] for s_ in p.stages]
+                if sp.spans and locations_of(used, sp.spans) == 1:
+                    continue  # one location: its own subproblem prices it exactly
+                found.append(((p.objective, n, *_plan_key(p)), p, sp, rows))
+            found.sort(key=lambda t: t[0])
+            del found[top_k:]
+            if not st.complete:
+                retry.append((st.lower_bound, n))
         return bool(st.complete)
 
     def stopped() -> bool:
@@ -320,16 +339,64 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
 
     live = [n for n, item in enumerate(prepared) if math.isfinite(item[0])]
     agg["pruned_deadline"] += len(prepared) - len(live)
-    for i, n in enumerate(live):
-        if prepared[n][0] > kth() * (1 + 1e-9):
-            agg["pruned_cost"] += 1
-            continue
-        if stopped():
-            out_of_time = True
-            retry.extend((prepared[m][0], m) for m in live[i:])
-            break
-        left = budget.share(1.0)
-        run(n, None if left is None else left / (len(live) - i))
+    workers = min(opts.threads, len(live)) if shared is not None else 1
+    if workers > 1:
+        # One subproblem per thread, each searched single-threaded: no contention on one
+        # frontier, and the shared incumbent cuts every search as soon as any finds a plan.
+        queue = list(live)
+        qlock = threading.Lock()
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            try:
+                work()
+            except BaseException as exc:  # re-raised in the caller's thread below
+                errors.append(exc)
+                if opts.monitor is not None:
+                    opts.monitor.cancel()  # stop the other searches too
+
+        def work() -> None:
+            nonlocal out_of_time
+            while True:
+                with qlock:
+                    if not queue:
+                        return
+                    n = queue.pop(0)
+                    remaining = len(queue) + 1
+                with lock:
+                    cut = prepared[n][0] > kth() * (1 + 1e-9)
+                    if cut:
+                        agg["pruned_cost"] += 1
+                if cut:
+                    continue
+                if stopped():
+                    with lock:
+                        out_of_time = True
+                        retry.append((prepared[n][0], n))
+                    continue
+                left = budget.share(1.0)
+                share = None if left is None else min(left, left * workers / remaining)
+                run(n, share, 1)
+
+        pool = [threading.Thread(target=worker, name=f"espresso-domain-{i}")
+                for i in range(workers)]
+        for t_ in pool:
+            t_.start()
+        for t_ in pool:
+            t_.join()
+        if errors:
+            raise errors[0]
+    else:
+        for i, n in enumerate(live):
+            if prepared[n][0] > kth() * (1 + 1e-9):
+                agg["pruned_cost"] += 1
+                continue
+            if stopped():
+                out_of_time = True
+                retry.extend((prepared[m][0], m) for m in live[i:])
+                break
+            left = budget.share(1.0)
+            run(n, None if left is None else left / (len(live) - i), opts.threads)
     retry.sort()
     for lb, n in retry[:]:
         if out_of_time or lb > kth() * (1 + 1e-9):
@@ -338,7 +405,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
             out_of_time = True
             continue
         retry.remove((lb, n))
-        run(n, budget.share(1.0))
+        run(n, budget.share(1.0), opts.threads)
     open_bounds = [lb for lb, _ in retry if lb <= kth() * (1 + 1e-9)]
     complete = not open_bounds
     timed_out = not complete
@@ -357,8 +424,8 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         combos=agg["combos"], seconds=seconds, threads=threads_used,
         lower_bound=lower if found or not complete else math.inf, gap=max(0.0, gap),
         complete=complete, timed_out=timed_out,
-        objective="cost" if by_cost else "time", subproblems=len(prepared),
-        subproblems_searched=searched, domain=found[0][2].label if found else None)
+        objective="cost" if by_cost else "time", subproblems=total_subproblems,
+        subproblems_searched=len(searched), domain=found[0][2].label if found else None)
     show_domain = catalog.has_offers or len(prepared) > 1
     plans = [_to_plan(p, job, catalog, rows, cost, {**stats.to_dict(), "rank": i + 1}, profs,
                       sp.domain(scope) if show_domain or sp.spans else None)

@@ -43,6 +43,10 @@ void register_search(py::module_& m) {
                                [](const SearchMonitor& s) { return s.leaves_placed.load(); })
         .def("cancel", [](SearchMonitor& s) { s.cancel.store(true); });
 
+    py::class_<SharedIncumbent, std::shared_ptr<SharedIncumbent>>(m, "SharedIncumbent")
+        .def(py::init<>())
+        .def_property_readonly("value", [](const SharedIncumbent& s) { return s.value.load(); });
+
     py::enum_<Objective>(m, "Objective")
         .value("COST", Objective::Cost)
         .value("TIME", Objective::Time);
@@ -61,6 +65,8 @@ void register_search(py::module_& m) {
         .def_readwrite("time_limit_s", &SearchOptions::time_limit_s)
         .def_readwrite("max_gpu_types", &SearchOptions::max_gpu_types)
         .def_readwrite("incumbent", &SearchOptions::incumbent)
+        .def_readwrite("shared", &SearchOptions::shared)
+        .def_readwrite("share_plans", &SearchOptions::share_plans)
         .def_readwrite("monitor", &SearchOptions::monitor)
         .def_readwrite("threads", &SearchOptions::threads)
         .def_readwrite("top_k", &SearchOptions::top_k)

@@ -134,7 +134,7 @@ public:
         deadline_ = Stopwatch::after(opt_.time_limit_s);
         cancel_ = opt_.monitor ? &opt_.monitor->cancel : nullptr;
         Stopwatch sw(deadline_, cancel_);
-        threshold_.store(opt_.incumbent);
+        threshold_.store(std::min(opt_.incumbent, shared_value()));
         prepare_types();
         prepare_combos(sw);
         if (sw.check_now()) {
@@ -626,7 +626,10 @@ private:
     }
 
     // `tau_min`: a bottleneck already known (positioned_tau), 0 when none.
-    double own_bound(const Node& n, const Combo& c, double tau_min = 0.0) const {
+    // `thr`: when the cheap rate bounds already put the allocation beyond it, their value
+    // is returned (a weaker but sufficient bound) and the dearer ones are skipped.
+    double own_bound(const Node& n, const Combo& c, double tau_min = 0.0,
+                     double thr = kInf) const {
         if (n.stages < 1 || n.stages > model_.num_layers) return kInf;
         const double rate = effective_rate(n, c);
         if (rate < c.rate_min) return kInf;
@@ -637,10 +640,27 @@ private:
         }
         // Iteration time at least: the average-rate bound, or M times the bottleneck.
         const double M = d(c.work.num_microbatches);
+        const double sync = sync_bound(c, n.sum_bw, n.sum_hbm);
+        auto objective = [&](double t_iter) {
+            const double hours = job_.iterations * t_iter / 3600.0;
+            if (opt_.enforce_deadline && opt_.prune_deadline &&
+                hours > job_.deadline_hours * (1 + kSlack)) {
+                return kInf;
+            }
+            const double usd = hours * d(c.work.dp) * n.price;
+            if (opt_.objective == Objective::Cost) return usd;
+            if (usd > opt_.budget_usd * (1 + kSlack)) return kInf;
+            return hours;
+        };
+        const double by_rate = std::max(M * c.flops_mb / rate,
+                                        M * d(model_.num_layers) * c.block_flops / n.block_rate);
+        if (std::isfinite(thr)) {
+            const double quick = objective(by_rate + sync);
+            if (!std::isfinite(quick) || beyond(quick, thr)) return quick;
+        }
         const double tau = std::max(bottleneck_bound(n, c), tau_min);
         if (!std::isfinite(tau)) return kInf;
-        double t_iter = std::max({M * c.flops_mb / rate, M * tau,
-                                  M * d(model_.num_layers) * c.block_flops / n.block_rate});
+        double t_iter = std::max(by_rate, M * tau);
         if (c.work.schedule == Schedule::OneFOneB && n.stages > 1) {
             // The second pipeline bound with k the bottleneck stage (w_k >= tau) and
             // sum_i w_i >= L blocks at the fastest per-block time (docs/search.md).
@@ -676,15 +696,7 @@ private:
                                                        d(model_.num_layers) * t_min + head_min,
                                                        boundary_sum(sum, least)));
         }
-        t_iter += sync_bound(c, n.sum_bw, n.sum_hbm);
-        const double hours = job_.iterations * t_iter / 3600.0;
-        if (opt_.enforce_deadline && opt_.prune_deadline && hours > job_.deadline_hours * (1 + kSlack)) {
-            return kInf;
-        }
-        const double usd = hours * d(c.work.dp) * n.price;
-        if (opt_.objective == Objective::Cost) return usd;
-        if (usd > opt_.budget_usd * (1 + kSlack)) return kInf;
-        return hours;
+        return objective(t_iter + sync);
     }
 
     // Lower bound over completions that add stages of types at order positions >= next.
@@ -949,8 +961,14 @@ private:
     }
 
     double threshold() const {  // the k-th best objective so far (under the lock)
-        if (static_cast<std::int64_t>(best_.size()) < opt_.top_k) return opt_.incumbent;
-        return std::min(opt_.incumbent, best_.back().objective);
+        const double given = std::min(opt_.incumbent, shared_value());
+        if (static_cast<std::int64_t>(best_.size()) < opt_.top_k) return given;
+        return std::min(given, best_.back().objective);
+    }
+
+    // What searches running beside this one have found (top_k = 1 only).
+    double shared_value() const {
+        return opt_.shared && opt_.top_k == 1 ? opt_.shared->value.load() : kInf;
     }
 
     bool beyond(double lb, double thr) const {
@@ -1001,7 +1019,7 @@ private:
     // Depth-first branch and bound below `node` (children in bound order), used when the
     // best-first frontier is full: memory stays bounded and the search stays exact.
     void dive(const Node& node, std::unique_lock<std::mutex>& lock) {
-        const double thr = threshold_.load();
+        const double thr = std::min(threshold_.load(), shared_value());
         if (beyond(node.lb, thr)) {
             ++stats_.pruned_cost;
             return;
@@ -1040,6 +1058,7 @@ private:
             Node node = queue_.top();
             queue_.pop();
             const double thr = threshold();
+            if (thr < threshold_.load()) threshold_.store(thr);  // another search's plan
             if (beyond(node.lb, thr)) {
                 ++stats_.pruned_cost;
                 continue;
@@ -1139,6 +1158,9 @@ private:
         best_.insert(pos, p);
         if (static_cast<std::int64_t>(best_.size()) > opt_.top_k) best_.pop_back();
         threshold_.store(threshold());
+        if (opt_.shared && opt_.share_plans && opt_.top_k == 1) {
+            opt_.shared->offer(best_.front().objective);
+        }
     }
 
     // ------------------------------------------------------------------ one node
@@ -1287,7 +1309,7 @@ private:
             }
         }
         ++local.s.nodes_generated;
-        ch.own = own_bound(ch, c);
+        ch.own = own_bound(ch, c, 0.0, thr);
         // The completion time bound waits until the node is taken from the frontier (most
         // children are cut by the incumbent before that); the FLOP/s bound orders it till then.
         ch.ext_lb = ext_bound(ch, c, thr, false);

@@ -12,6 +12,7 @@
 // data-parallel degree) are the first level of the tree.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -24,6 +25,17 @@
 namespace espresso {
 
 enum class Objective : int { Cost = 0, Time = 1 };
+
+// The best objective of searches that run side by side (one per network domain, say):
+// each takes it as an incumbent and lowers it with its own plans. Only with top_k = 1.
+struct SharedIncumbent {
+    std::atomic<double> value{std::numeric_limits<double>::infinity()};
+    void offer(double v) {
+        double cur = value.load();
+        while (v < cur && !value.compare_exchange_weak(cur, v)) {
+        }
+    }
+};
 
 struct SearchOptions {
     std::vector<std::int64_t> micro_batch_sizes{1, 2, 4, 8};
@@ -40,6 +52,9 @@ struct SearchOptions {
     // Plans worse than this (objective units) are of no interest: the caller holds top_k
     // plans at least this good (e.g. from another domain). Prunes from the first node.
     double incumbent = std::numeric_limits<double>::infinity();
+    // Shared with other searches (top_k = 1): read as an incumbent, lowered by this one's plans.
+    std::shared_ptr<SharedIncumbent> shared;
+    bool share_plans = true;  // false: read `shared` only (its plans are not the caller's)
     // Read by the caller while the search runs (progress), and its cancel flag stops it.
     std::shared_ptr<SearchMonitor> monitor;
     std::int64_t threads = 1;

@@ -231,7 +231,7 @@ def print_search_line(stats: dict[str, object] | None, console: Console) -> None
     if isinstance(subs, int) and subs > 1:
         console.print(f"Domains: {subs} (domain, vendor) subproblems, "
                       f"{stats.get('subproblems_searched', 0)} searched (the others cut by a "
-                      f"bound); best in {stats.get('domain')}")
+                      f"bound or the same as one searched); best in {stats.get('domain')}")
 
 
 def print_top(plans: list[Plan], console: Console) -> None:
