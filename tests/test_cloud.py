@@ -245,6 +245,55 @@ def test_offers_search_equals_brute_force(seed: int) -> None:
     assert es.estimate(back, cat).total_usd == got.estimate.total_usd  # type: ignore[union-attr]
 
 
+def random_families(seed: int) -> tuple[es.Job, es.Catalog]:
+    """GCP-like instance families: one or two GPU models, each sold in 1-, 2- and 4-GPU
+    instances at about the same price per GPU, the smaller ones often with more network per
+    GPU, in one place. Whole-instance rounding decides which size wins, and the dominance
+    rule (which compares the cost of moving GPUs between sizes) is exercised."""
+    rng = random.Random(seed)
+    layers = rng.randint(4, 6)
+    model = es.ModelSpec(name=f"f{seed}", num_layers=layers, hidden_size=256, num_heads=8,
+                         num_kv_heads=8, ffn_hidden_size=512, vocab_size=1000)
+    base = es.Catalog.builtin("gpus")
+    offers = []
+    for name in rng.sample(["A100-80GB", "H100-SXM", "L4"], rng.randint(1, 2)):
+        g = base[name]
+        per_gpu = g.price_per_hour * rng.uniform(0.8, 1.2)
+        for n in (1, 2, 4):
+            offers.append({"provider": "p", "region": "r", "instance_type": f"{name}-{n}g",
+                           "gpu": name, "gpus_per_instance": n,
+                           "price_per_hour": round(per_gpu * n * rng.choice([1.0, 1.0, 0.97]), 4),
+                           "instances": rng.randint(1, 3),
+                           "network_gbs": rng.choice([1, 2, 4]) * (4 // n if rng.random() < 0.5
+                                                                    else 1)})
+    specs = [{"name": g.name, "vendor": g.vendor, "memory_gb": round(rng.uniform(0.02, 0.12), 3),
+              "bf16_tflops": g.bf16_tflops, "mem_bandwidth_gbs": g.mem_bandwidth_gbs,
+              "intra_node_gbs": g.intra_node_gbs} for g in base]
+    cat = es.Catalog.from_dict({"specs": specs, "offers": offers})
+    job = es.Job(model=model, seq_len=256, global_batch_size=4, iterations=1000,
+                 deadline_hours=1e6)
+    fastest = es.search(job, cat, objective="time", max_stages=2, **SMALL)  # type: ignore[arg-type]
+    if fastest.plans:
+        hours = fastest.plans[0].estimate.total_hours  # type: ignore[union-attr]
+        job = es.Job(model=model, seq_len=256, global_batch_size=4, iterations=1000,
+                     deadline_hours=hours * rng.choice([1.0 + 1e-9, 1.2, 2.0, 100.0]))
+    return job, cat
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_instance_families_equal_brute_force(seed: int) -> None:
+    job, cat = random_families(seed)
+    expected, plan, _ = brute_force(job, cat, micro_batch_sizes=(1, 2), max_stages=2, max_tp=2,
+                                    cost_model=COST)
+    r = es.search(job, cat, max_stages=2, **SMALL)  # type: ignore[arg-type]
+    assert r.stats.complete
+    if math.isinf(expected):
+        assert not r.plans
+        return
+    assert r.plans[0].estimate.total_usd == pytest.approx(expected, rel=1e-9), plan  # type: ignore[union-attr]
+    check_rentable(r.plans[0], cat)
+
+
 def test_cross_zone_plans_pay_transfer() -> None:
     """Two offers of one region in different zones, neither enough alone: the plan spans
     zones, its links run at the cross-zone figure and every boundary pays per GB."""

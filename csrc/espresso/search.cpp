@@ -205,7 +205,14 @@ private:
             const double rb = time_only_ ? 0.0 : gpus_[static_cast<std::size_t>(b)].price_per_hour / rate_[static_cast<std::size_t>(b)];
             if (ra != rb) return ra < rb;
             if (rate_[static_cast<std::size_t>(a)] != rate_[static_cast<std::size_t>(b)]) return rate_[static_cast<std::size_t>(a)] > rate_[static_cast<std::size_t>(b)];
-            return cap_[static_cast<std::size_t>(a)] > cap_[static_cast<std::size_t>(b)];
+            if (cap_[static_cast<std::size_t>(a)] != cap_[static_cast<std::size_t>(b)]) return cap_[static_cast<std::size_t>(a)] > cap_[static_cast<std::size_t>(b)];
+            // Among equals, the better connected and larger instance first (so it can
+            // dominate the others, which only a type earlier in the order may).
+            const GpuSpec& ga = gpus_[static_cast<std::size_t>(a)];
+            const GpuSpec& gb = gpus_[static_cast<std::size_t>(b)];
+            if (ga.inter_node_gbs != gb.inter_node_gbs) return ga.inter_node_gbs > gb.inter_node_gbs;
+            if (ga.intra_node_gbs != gb.intra_node_gbs) return ga.intra_node_gbs > gb.intra_node_gbs;
+            return ga.gpus_per_node > gb.gpus_per_node;
         });
         suffix_min_rate_.assign(order_.size() + 1, kInf);
         suffix_min_price_.assign(order_.size() + 1, kInf);
@@ -239,12 +246,9 @@ private:
                cap_[static_cast<std::size_t>(i)] >= cap_[static_cast<std::size_t>(j)] &&
                a.mem_bandwidth_gbs >= b.mem_bandwidth_gbs && a.intra_node_gbs >= b.intra_node_gbs &&
                a.inter_node_gbs >= b.inter_node_gbs && a.intra_node_gbs >= b.inter_node_gbs &&
-               a.gpus_per_node >= b.gpus_per_node &&
-               // Whole instances: a's instance is no dearer than b's, so any GPU count of a
-               // (rounded up to its larger instances) costs no more than of b.
-               (time_only_ || (a.price_per_hour <= b.price_per_hour &&
-                               a.price_per_hour * d(a.gpus_per_node) <=
-                                   b.price_per_hour * d(b.gpus_per_node)));
+               a.gpus_per_node >= b.gpus_per_node;
+        // Prices are compared where a node adds b (make_child): whole instances make the
+        // cost of moving b's GPUs onto a depend on how many a already has.
     }
 
     void prepare_combos(Stopwatch& sw) {
@@ -1264,8 +1268,14 @@ private:
                 for (const Choice& ch : node.choices) {
                     if (ch.type == i) used_i += ch.tp * ch.count;
                 }
-                if (gpus_[static_cast<std::size_t>(i)].count - c.work.dp * used_i >=
-                    c.work.dp * gpus_per_replica) {
+                const GpuSpec& gi = gpus_[static_cast<std::size_t>(i)];
+                const std::int64_t have = c.work.dp * used_i, add = c.work.dp * gpus_per_replica;
+                if (gi.count - have < add) continue;
+                // Moving these GPUs onto i costs no more than renting them as t (whole
+                // instances of each, given what i already rents).
+                if (time_only_ ||
+                    billed_hourly(gi, have + add) - billed_hourly(gi, have) <=
+                        billed_hourly(gpus_[st], add)) {
                     ++local.s.pruned_dominance;
                     return;
                 }
