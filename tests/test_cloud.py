@@ -7,6 +7,7 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _bruteforce import brute_force
@@ -187,17 +188,25 @@ def random_offers(seed: int) -> tuple[es.Job, es.Catalog]:
                        "instance_type": f"t{i}", "gpu": g.name, "gpus_per_instance": n,
                        "price_per_hour": round(g.price_per_hour * n * rng.uniform(0.5, 2), 3),
                        "instances": rng.randint(1, 2), "network_gbs": rng.choice([1, 10])})
+    return _small_job(rng, model, offers, batch=2, factors=(0.9, 1.0 + 1e-9, 1.2, 2.0, 100.0))
+
+
+def _small_job(rng: random.Random, model: es.ModelSpec, offers: list[dict[str, Any]], *,
+               batch: int, factors: tuple[float, ...]) -> tuple[es.Job, es.Catalog]:
+    """The offers with small random GPU memories (so memory binds) and a deadline that is a
+    random factor of the fastest plan's hours (so it binds too)."""
+    base = es.Catalog.builtin("gpus")
     specs = [{"name": g.name, "vendor": g.vendor, "memory_gb": round(rng.uniform(0.02, 0.12), 3),
               "bf16_tflops": g.bf16_tflops, "mem_bandwidth_gbs": g.mem_bandwidth_gbs,
               "intra_node_gbs": g.intra_node_gbs} for g in base]
     cat = es.Catalog.from_dict({"specs": specs, "offers": offers})
-    job = es.Job(model=model, seq_len=256, global_batch_size=2, iterations=1000,
+    job = es.Job(model=model, seq_len=256, global_batch_size=batch, iterations=1000,
                  deadline_hours=1e6)
     fastest = es.search(job, cat, objective="time", max_stages=2, **SMALL)  # type: ignore[arg-type]
     if fastest.plans:
         hours = fastest.plans[0].estimate.total_hours  # type: ignore[union-attr]
-        job = es.Job(model=model, seq_len=256, global_batch_size=2, iterations=1000,
-                     deadline_hours=hours * rng.choice([0.9, 1.0 + 1e-9, 1.2, 2.0, 100.0]))
+        job = es.Job(model=model, seq_len=256, global_batch_size=batch, iterations=1000,
+                     deadline_hours=hours * rng.choice(factors))
     return job, cat
 
 
@@ -226,23 +235,30 @@ def check_rentable(plan: es.Plan, cat: es.Catalog) -> None:
     assert est.total_usd == pytest.approx(hourly * est.total_hours + est.transfer_usd)
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_offers_search_equals_brute_force(seed: int) -> None:
-    job, cat = random_offers(seed)
+def _search_vs_brute_force(job: es.Job, cat: es.Catalog) -> es.Plan | None:
+    """The search's best plan costs what the brute force finds and is rentable as printed."""
     expected, plan, _ = brute_force(job, cat, micro_batch_sizes=(1, 2), max_stages=2, max_tp=2,
                                     cost_model=COST)
     r = es.search(job, cat, max_stages=2, **SMALL)  # type: ignore[arg-type]
     assert r.stats.complete
     if math.isinf(expected):
         assert not r.plans
-        return
+        return None
     got = r.plans[0]
     assert got.estimate.total_usd == pytest.approx(expected, rel=1e-9), plan  # type: ignore[union-attr]
     check_rentable(got, cat)
-    # The plan JSON names the offers and estimates to the same numbers when read back.
-    back = es.Plan.from_json(got.to_json())
-    assert [s.offer for s in back.stages] == [s.offer for s in got.stages]
-    assert es.estimate(back, cat).total_usd == got.estimate.total_usd  # type: ignore[union-attr]
+    return got
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_offers_search_equals_brute_force(seed: int) -> None:
+    job, cat = random_offers(seed)
+    got = _search_vs_brute_force(job, cat)
+    if got is not None:
+        # The plan JSON names the offers and estimates to the same numbers when read back.
+        back = es.Plan.from_json(got.to_json())
+        assert [s.offer for s in back.stages] == [s.offer for s in got.stages]
+        assert es.estimate(back, cat).total_usd == got.estimate.total_usd  # type: ignore[union-attr]
 
 
 def random_families(seed: int) -> tuple[es.Job, es.Catalog]:
@@ -266,32 +282,12 @@ def random_families(seed: int) -> tuple[es.Job, es.Catalog]:
                            "instances": rng.randint(1, 3),
                            "network_gbs": rng.choice([1, 2, 4]) * (4 // n if rng.random() < 0.5
                                                                     else 1)})
-    specs = [{"name": g.name, "vendor": g.vendor, "memory_gb": round(rng.uniform(0.02, 0.12), 3),
-              "bf16_tflops": g.bf16_tflops, "mem_bandwidth_gbs": g.mem_bandwidth_gbs,
-              "intra_node_gbs": g.intra_node_gbs} for g in base]
-    cat = es.Catalog.from_dict({"specs": specs, "offers": offers})
-    job = es.Job(model=model, seq_len=256, global_batch_size=4, iterations=1000,
-                 deadline_hours=1e6)
-    fastest = es.search(job, cat, objective="time", max_stages=2, **SMALL)  # type: ignore[arg-type]
-    if fastest.plans:
-        hours = fastest.plans[0].estimate.total_hours  # type: ignore[union-attr]
-        job = es.Job(model=model, seq_len=256, global_batch_size=4, iterations=1000,
-                     deadline_hours=hours * rng.choice([1.0 + 1e-9, 1.2, 2.0, 100.0]))
-    return job, cat
+    return _small_job(rng, model, offers, batch=4, factors=(1.0 + 1e-9, 1.2, 2.0, 100.0))
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_instance_families_equal_brute_force(seed: int) -> None:
-    job, cat = random_families(seed)
-    expected, plan, _ = brute_force(job, cat, micro_batch_sizes=(1, 2), max_stages=2, max_tp=2,
-                                    cost_model=COST)
-    r = es.search(job, cat, max_stages=2, **SMALL)  # type: ignore[arg-type]
-    assert r.stats.complete
-    if math.isinf(expected):
-        assert not r.plans
-        return
-    assert r.plans[0].estimate.total_usd == pytest.approx(expected, rel=1e-9), plan  # type: ignore[union-attr]
-    check_rentable(r.plans[0], cat)
+    _search_vs_brute_force(*random_families(seed))
 
 
 def test_cross_zone_plans_pay_transfer() -> None:
