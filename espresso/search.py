@@ -339,7 +339,9 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
 
     live = [n for n, item in enumerate(prepared) if math.isfinite(item[0])]
     agg["pruned_deadline"] += len(prepared) - len(live)
-    workers = min(opts.threads, len(live)) if shared is not None else 1
+    # Side by side when there are more subproblems than threads (a cloud snapshot); a few
+    # (the vendors of a GPU-type catalog) are searched one after another with every thread.
+    workers = opts.threads if shared is not None and len(live) > opts.threads else 1
     if workers > 1:
         # One subproblem per thread, each searched single-threaded: no contention on one
         # frontier, and the shared incumbent cuts every search as soon as any finds a plan.
