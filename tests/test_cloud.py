@@ -340,3 +340,22 @@ def test_plan_json_offers_and_old_plans(tmp_path: Path) -> None:
         es.estimate(again, es.Catalog.builtin())
     with pytest.raises(es.PlanError, match="provider/region/instance_type"):
         es.Stage(gpu="L4", layers=(0, 1), offer="aws-us-east-1")
+
+
+def test_subproblems_side_by_side_return_the_same_plan() -> None:
+    """With more subproblems than threads they are searched one per thread, sharing the
+    incumbent: the plan must not depend on the thread count or on timing."""
+    cat = max_instances(es.Catalog.builtin("cloud"), 1)
+    # 24 h: a mix of two offers wins, and about 20 domains are searched to prove it.
+    job = es.Job(model=es.ModelSpec.preset("llama2-7b"), tokens=2 * 10**10, deadline_hours=24)
+    runs = [es.search(job, cat, threads=t, time_limit_s=120) for t in (1, 2, 3, 1)]
+    for r in runs:
+        assert r.stats.complete and r.plans and r.stats.subproblems_searched > 10
+        assert len(r.plans[0].gpus) == 2
+    first = runs[0].plans[0]
+    for r in runs[1:]:
+        p = r.plans[0]
+        assert p.to_dict()["stages"] == first.to_dict()["stages"]
+        assert (p.dp, p.micro_batch_size) == (first.dp, first.micro_batch_size)
+        assert p.estimate.total_usd == first.estimate.total_usd  # type: ignore[union-attr]
+        assert r.stats.domain == runs[0].stats.domain
