@@ -227,9 +227,14 @@ def assign_hosts(plan: Plan, hosts: list[Host]) -> list[NodeAssignment]:
     assigned: list[list[int]] = []  # [host index, first rank, count]
     first = 0
     for s, st in enumerate(plan.stages):
+        # A stage whose replicas fit one host goes there whole (its DP all-reduce then stays
+        # on the host's links, as the cost model charges it); the model places ranks the
+        # same way (docs/cost-model.md, "Communication between stages and replicas").
+        block = next((i for i, h in enumerate(hosts)
+                      if h.runs(st) and free[i] >= st.tp * plan.dp), None)
         for r in range(plan.dp):
-            host = next((i for i, h in enumerate(hosts) if h.runs(st) and free[i] >= st.tp),
-                        None)
+            host = block if block is not None else next(
+                (i for i, h in enumerate(hosts) if h.runs(st) and free[i] >= st.tp), None)
             if host is None:
                 biggest = max((free[i] for i, h in enumerate(hosts) if h.runs(st)), default=0)
                 k = need_key(st)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,17 @@ def test_two_gpu_types_map_to_the_right_hosts() -> None:
             assert layout[r].gpu == n.host.gpu  # every rank on a node of its stage's type
             covered.append(r)
     assert sorted(covered) == list(range(plan.num_gpus))
+    # Stage 0's two replicas (2 x tp 2) fit the 8-GPU host together: both go there, so their
+    # DP all-reduce stays inside it; the 2-GPU host is left idle.
     assert [(n.host.address, n.first_rank, n.nproc) for n in nodes] == [
+        ("10.0.0.3", 0, 4), ("10.0.0.2", 4, 2)]
+    # Without a host that holds both, the TP groups are spread first-fit.
+    split = hosts_from_dict({"hosts": [
+        {"address": "10.0.0.2", "gpu": "L40S", "gpus": 4},
+        {"address": "10.0.0.1", "gpu": "A100-80GB", "gpus": 2},
+        {"address": "10.0.0.3", "gpu": "A100-80GB", "gpus": 2},
+    ]})
+    assert [(n.host.address, n.first_rank, n.nproc) for n in assign_hosts(plan, split)] == [
         ("10.0.0.1", 0, 2), ("10.0.0.3", 2, 2), ("10.0.0.2", 4, 2)]
 
 
@@ -192,3 +203,40 @@ def test_bad_instance_hosts(host: dict[str, object], match: str) -> None:
     h = hosts_from_dict({"hosts": [{"address": "a", "instance_type": "x9.huge", "gpu": "L4",
                                     "gpus": 4}]})[0]
     assert h.label == "x9.huge (L4)"
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_in_instance_links_match_the_launch_layout(seed: int) -> None:
+    """The estimate's in-instance pipeline links are those of the hosts launch assigns: one
+    host per rented instance, in order; a boundary is inside an instance exactly when every
+    replica's two TP groups landed on the same host."""
+    rng = random.Random(seed)
+    cat = es.Catalog.builtin("cloud")
+    offers = ["aws/us-east-1/p5.48xlarge", "aws/us-east-1/p4d.24xlarge",
+              "aws/us-east-1/g6e.12xlarge"]
+    dp = rng.choice([1, 2, 4])
+    n = rng.randint(2, 5)
+    per = 32 // n
+    stages = []
+    for i in range(n):
+        offer = rng.choice(offers[:2] if rng.random() < 0.8 else offers)
+        tp = rng.choice([w for w in (1, 2, 4, 8) if w <= cat[offer].gpus_per_node])
+        stages.append(es.Stage(gpu=cat[offer].model, tp=tp, offer=offer,
+                               layers=(i * per, 32 if i == n - 1 else (i + 1) * per)))
+    job = es.Job(model=es.ModelSpec.preset("llama2-7b"), tokens=10**9, deadline_hours=1e4)
+    plan = es.Plan(job=job, dp=dp, micro_batch_size=1, num_microbatches=512 // dp,
+                   stages=tuple(stages))
+    est = es.estimate(plan, cat)
+    hosts = [{"address": f"{o.split('/')[-1]}#{k}", "instance_type": o.split("/")[-1]}
+             for r in est.rent for o in [r["offer"]] for k in range(r["instances"])]
+    nodes = assign_hosts(plan, hosts_from_dict({"hosts": hosts}))
+    host_of = {}
+    for nd in nodes:
+        for rank in range(nd.first_rank, nd.first_rank + nd.nproc):
+            host_of[rank] = nd.host.address
+    layout = rank_layout(plan)
+    group_host = {(r.stage, r.replica): host_of[r.rank] for r in layout if r.tp_index == 0}
+    for s in range(n - 1):
+        same = (stages[s].offer == stages[s + 1].offer and
+                all(group_host[(s, r)] == group_host[(s + 1, r)] for r in range(dp)))
+        assert est.stages[s].send_intra_node == same, (s, plan.stages, dp)

@@ -321,6 +321,50 @@ double send_s(const GpuSpec& from, const GpuSpec& to, bool one_node, double byte
     return params.link_latency_s + bytes / (bw * kGB * params.link_efficiency);
 }
 
+std::vector<char> boundaries_in_instance(const std::vector<GpuSpec>& gpus,
+                                         const std::vector<std::int64_t>& gpu,
+                                         const std::vector<std::int64_t>& tp, std::int64_t dp) {
+    const std::size_t P = gpu.size();
+    std::vector<char> out(P > 0 ? P - 1 : 0, 0);
+    // Per row: its instances that still have room (id, free GPUs), in id order, and the
+    // next id. With power-of-two widths few are ever open at once.
+    struct Open {
+        std::int64_t id, free;
+    };
+    std::vector<std::vector<Open>> open(gpus.size());
+    std::vector<std::int64_t> next(gpus.size(), 0);
+    std::vector<std::int64_t> prev_inst, inst(static_cast<std::size_t>(dp));
+    for (std::size_t s = 0; s < P; ++s) {
+        const auto row = static_cast<std::size_t>(gpu[s]);
+        const std::int64_t n = gpus[row].gpus_per_node;
+        auto& op = open[row];
+        // First fit of `size` GPUs: the first open instance with room, else a new one.
+        auto take = [&](std::int64_t size) {
+            for (std::size_t k = 0; k < op.size(); ++k) {
+                if (op[k].free >= size) {
+                    const std::int64_t id = op[k].id;
+                    op[k].free -= size;
+                    if (op[k].free == 0) op.erase(op.begin() + static_cast<std::ptrdiff_t>(k));
+                    return id;
+                }
+            }
+            const std::int64_t id = next[row]++;
+            if (n - size > 0) op.push_back({id, n - size});
+            return id;
+        };
+        if (dp * tp[s] <= n) {
+            // The stage's replicas fit one instance: they go there together (its DP
+            // all-reduce then runs on the in-instance link, as stage_cost() charges it).
+            std::fill(inst.begin(), inst.end(), take(dp * tp[s]));
+        } else {
+            for (std::int64_t r = 0; r < dp; ++r) inst[static_cast<std::size_t>(r)] = take(tp[s]);
+        }
+        if (s > 0 && gpu[s] == gpu[s - 1]) out[s - 1] = prev_inst == inst ? 1 : 0;
+        prev_inst = inst;
+    }
+    return out;
+}
+
 bool tp_divides(const ModelDims& model, std::int64_t tp) {
     return model.num_heads % tp == 0 &&
            (model.num_kv_heads % tp == 0 || tp % model.num_kv_heads == 0) &&
@@ -383,17 +427,20 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
         r.issues.push_back({IssueKind::BatchMismatch, -1, -1, batch, d(work.global_batch_size), ""});
     }
 
-    // Placement (Megatron-LM's rank order: TP fastest, then DP, then PP): a stage's TP
-    // group lives in one node, its DP replicas share a node when dp * tp fits, and pipeline
-    // neighbours sit in different nodes unless the whole plan fits in one node of one type.
-    bool one_node = true;
+    // Placement (the launch layout, boundaries_in_instance): a stage's TP group lives in one
+    // instance, its DP replicas share one when dp * tp fits, and pipeline neighbours use the
+    // in-instance link when every replica's two TP groups share an instance.
+    std::vector<char> inside;
     {
-        std::int64_t used = 0;
+        std::vector<std::int64_t> gv, tv;
+        bool widths_fit = true;
         for (const StageSpec& st : stages) {
-            one_node = one_node && st.gpu == stages[0].gpu;
-            used += st.tp * work.dp;
+            gv.push_back(st.gpu);
+            tv.push_back(st.tp);
+            widths_fit = widths_fit && st.tp <= gpus[static_cast<std::size_t>(st.gpu)].gpus_per_node;
         }
-        one_node = one_node && used <= gpus[static_cast<std::size_t>(stages[0].gpu)].gpus_per_node;
+        inside = widths_fit ? boundaries_in_instance(gpus, gv, tv, work.dp)
+                            : std::vector<char>(static_cast<std::size_t>(P - 1), 0);
     }
 
     r.gpus_used.assign(gpus.size(), 0);
@@ -440,8 +487,8 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
         // Transfer to the next stage.
         if (!last) {
             const GpuSpec& gn = gpus[static_cast<std::size_t>(stages[si + 1].gpu)];
-            e.send_intra_node = one_node;
-            e.send_s = send_s(g, gn, one_node, act_msg, params);
+            e.send_intra_node = inside[si] != 0;
+            e.send_s = send_s(g, gn, e.send_intra_node, act_msg, params);
             send_f[si] = e.send_s;
             send_b[si] = e.send_s;
         }

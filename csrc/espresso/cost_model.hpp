@@ -194,6 +194,15 @@ double usable_bytes(const GpuSpec& g, const CostParams& p);
 // Time of one activation (or gradient) message between neighbouring stages.
 double send_s(const GpuSpec& from, const GpuSpec& to, bool one_node, double bytes,
               const CostParams& p);
+// Which pipeline boundaries run inside one instance, under the launch layout (espresso.launch):
+// ranks go stage by stage, replica by replica; a stage whose dp * tp GPUs fit one instance
+// goes whole to the first instance of its catalog row with room for all of them, otherwise
+// each TP group to the first with room for it (instances in order). Boundary i is inside
+// one instance when both stages rent the same row and every replica's two TP groups landed
+// in the same instance. `gpu[i]`, `tp[i]`: stage i's row and width (tp <= gpus_per_node).
+std::vector<char> boundaries_in_instance(const std::vector<GpuSpec>& gpus,
+                                         const std::vector<std::int64_t>& gpu,
+                                         const std::vector<std::int64_t>& tp, std::int64_t dp);
 // Whether a TP width splits the heads, the KV heads (or replicates them) and the MLP.
 bool tp_divides(const ModelDims& m, std::int64_t tp);
 // Time and memory of stage `index` of `num_stages` holding `num_layers` blocks on `tp` GPUs

@@ -154,15 +154,6 @@ private:
         g_.assign(size, kInf);
         opt_step_.assign(size, kInf);
         ok_.assign(size, 0);
-        bool one_type = true;
-        std::int64_t gpus_total = 0;
-        for (std::int64_t j = 0; j < k_; ++j) {
-            const StageGroup& g = distinct_[static_cast<std::size_t>(j)];
-            one_type = one_type && g.gpu == distinct_[0].gpu;
-            gpus_total += g.tp * count_[static_cast<std::size_t>(j)] * work_.dp;
-        }
-        one_node_ = one_type &&
-                    gpus_total <= gpus_[static_cast<std::size_t>(distinct_[0].gpu)].gpus_per_node;
         for (std::int64_t j = 0; j < k_; ++j) {
             const StageGroup& g = distinct_[static_cast<std::size_t>(j)];
             const GpuSpec& spec = gpus_[static_cast<std::size_t>(g.gpu)];
@@ -190,16 +181,24 @@ private:
         const double msg = static_cast<double>(work_.seq_len) *
                            static_cast<double>(work_.micro_batch_size) *
                            static_cast<double>(model_.hidden_size) * params_.bytes_per_activation;
+        // Transfers between groups: over the network, or (neighbours of one type) possibly
+        // inside an instance, which the layout of the whole sequence decides. The bounds take
+        // the least; leaves compute the exact ones (leaf()).
         send_.assign(static_cast<std::size_t>(k_ * k_), 0.0);
+        inter_.assign(static_cast<std::size_t>(k_ * k_), 0.0);
+        intra_.assign(static_cast<std::size_t>(k_ * k_), 0.0);
         min_in_.assign(static_cast<std::size_t>(k_), kInf);
         for (std::int64_t a = 0; a < k_; ++a) {
             for (std::int64_t c = 0; c < k_; ++c) {
-                send_[static_cast<std::size_t>(a * k_ + c)] =
-                    send_s(gpus_[static_cast<std::size_t>(distinct_[static_cast<std::size_t>(a)].gpu)],
-                           gpus_[static_cast<std::size_t>(distinct_[static_cast<std::size_t>(c)].gpu)],
-                           one_node_, msg, params_);
-                min_in_[static_cast<std::size_t>(c)] =
-                    std::min(min_in_[static_cast<std::size_t>(c)], send_[static_cast<std::size_t>(a * k_ + c)]);
+                const auto ac = static_cast<std::size_t>(a * k_ + c);
+                const GpuSpec& ga = gpus_[static_cast<std::size_t>(distinct_[static_cast<std::size_t>(a)].gpu)];
+                const GpuSpec& gc = gpus_[static_cast<std::size_t>(distinct_[static_cast<std::size_t>(c)].gpu)];
+                inter_[ac] = send_s(ga, gc, false, msg, params_);
+                intra_[ac] = send_s(ga, gc, true, msg, params_);
+                const bool same = distinct_[static_cast<std::size_t>(a)].gpu ==
+                                  distinct_[static_cast<std::size_t>(c)].gpu;
+                send_[ac] = same ? std::min(inter_[ac], intra_[ac]) : inter_[ac];
+                min_in_[static_cast<std::size_t>(c)] = std::min(min_in_[static_cast<std::size_t>(c)], send_[ac]);
             }
         }
     }
@@ -463,12 +462,22 @@ private:
         ++leaves_;
         std::vector<double> f(static_cast<std::size_t>(P_)), b(static_cast<std::size_t>(P_));
         std::vector<double> c(static_cast<std::size_t>(P_ - 1));
+        std::vector<std::int64_t> gv(static_cast<std::size_t>(P_)), tv(static_cast<std::size_t>(P_));
+        for (std::int64_t i = 0; i < P_; ++i) {
+            const StageGroup& g = distinct_[static_cast<std::size_t>(seq_group_[static_cast<std::size_t>(i)])];
+            gv[static_cast<std::size_t>(i)] = g.gpu;
+            tv[static_cast<std::size_t>(i)] = g.tp;
+        }
+        const std::vector<char> inside = boundaries_in_instance(gpus_, gv, tv, work_.dp);
         for (std::int64_t i = 0; i < P_; ++i) {
             const auto si = static_cast<std::size_t>(i);
             const std::size_t cl = cell(seq_group_[si], i, seq_layers_[si]);
             f[si] = f_[cl];
             b[si] = b_[cl];
-            if (i > 0) c[si - 1] = send(seq_group_[si - 1], seq_group_[si]);
+            if (i > 0) {
+                const auto ac = static_cast<std::size_t>(seq_group_[si - 1] * k_ + seq_group_[si]);
+                c[si - 1] = inside[si - 1] ? intra_[ac] : inter_[ac];
+            }
         }
         // Leaves beyond the best so far (or the cutoff) stop simulating early; the slack keeps
         // every leaf within rounding of the limit exact.
@@ -492,11 +501,11 @@ private:
     std::int64_t P_ = 0, L_ = 0, M_ = 0, k_ = 0, span_ = 0;
     std::vector<StageGroup> distinct_;
     std::vector<std::int64_t> count_, remaining_, stride_, rank_;
-    std::vector<double> f_, b_, g_, ar_, opt_step_, send_, min_in_, memo_, memo_sum_;
+    std::vector<double> f_, b_, g_, ar_, opt_step_, send_, inter_, intra_, min_in_, memo_, memo_sum_;
     std::vector<Neck> memo_neck_;
     std::vector<char> ok_;
     Stopwatch sw_;
-    bool one_node_ = false, use_memo_ = false, exhaustive_ = true, timed_out_ = false;
+    bool use_memo_ = false, exhaustive_ = true, timed_out_ = false;
     std::int64_t root_index_ = 0, nodes_ = 0, leaves_ = 0;
     std::vector<std::int64_t> seq_group_, seq_layers_, best_group_, best_layers_;
     std::vector<double> seq_x_;

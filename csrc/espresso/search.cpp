@@ -680,19 +680,13 @@ private:
         }
         if (n.stages > 1) {
             double t_min = kInf, head_min = kInf;
-            std::int64_t gpus = 0;
             for (const Choice& ch : n.choices) {
                 t_min = std::min(t_min, block_time(c, ch.type, ch.tp));
                 head_min = std::min(head_min, head_time(c, ch.type, ch.tp));
-                gpus += std::int64_t{ch.count} * ch.tp;
             }
-            const GpuSpec& g0 = gpus_[static_cast<std::size_t>(n.choices[0].type)];
-            const bool one_node = n.types == 1 && gpus * c.work.dp <= g0.gpus_per_node;
             double sum = 0, least = kInf;  // over the stages' own transfer times
             for (const Choice& ch : n.choices) {
-                const GpuSpec& g = gpus_[static_cast<std::size_t>(ch.type)];
-                const double x = send_lb(c, one_node ? std::max(g.intra_node_gbs, g.inter_node_gbs)
-                                                     : g.inter_node_gbs);
+                const double x = send_lb(c, link_bound(n, ch.type));
                 sum += d(ch.count) * x;
                 least = std::min(least, x);
             }
@@ -739,6 +733,18 @@ private:
         if (opt_.objective == Objective::Cost) return std::max(by_rate, usd);
         if (usd > opt_.budget_usd * (1 + kSlack)) return kInf;
         return std::max(by_rate, hours);
+    }
+
+    // The fastest link a stage of `type` in node `n` can send on: its instance's own link
+    // when another stage of the same type may sit beside it in one instance (the layout
+    // decides; completions add other types only), else the network between instances.
+    double link_bound(const Node& n, std::int64_t type) const {
+        const GpuSpec& g = gpus_[static_cast<std::size_t>(type)];
+        std::int64_t stages = 0;
+        for (const Choice& ch : n.choices) {
+            if (ch.type == type) stages += ch.count;
+        }
+        return stages >= 2 ? std::max(g.intra_node_gbs, g.inter_node_gbs) : g.inter_node_gbs;
     }
 
     // The least time of one activation (or gradient) transfer between pipeline neighbours
@@ -872,20 +878,18 @@ private:
         double rt = 0;
         if (c.work.schedule == Schedule::OneFOneB) {
             // Round trips, for each number of stages a completion can have: the node's stages
-            // send on their own instance network (a completion adds another type, so the
-            // plan spans instances), an added stage at best on the fastest later link (its
-            // in-instance link too when the node is empty: a one-instance plan).
+            // send as link_bound() says, an added stage at best on the fastest later link
+            // (in-instance links included: added stages of one type may share instances).
             double link = 0, head_min = kInf, sum = 0, least = kInf;
             for (const Choice& ch : n.choices) {
-                const double x = send_lb(c, gpus_[static_cast<std::size_t>(ch.type)].inter_node_gbs);
+                const double x = send_lb(c, link_bound(n, ch.type));
                 sum += d(ch.count) * x;
                 least = std::min(least, x);
             }
             for (const Group& g : own) head_min = std::min(head_min, g.head);
             for (std::size_t p = p0; p < order_.size(); ++p) {
                 const GpuSpec& g = gpus_[static_cast<std::size_t>(order_[p])];
-                link = std::max(link, n.stages == 0 ? std::max(g.inter_node_gbs, g.intra_node_gbs)
-                                                    : g.inter_node_gbs);
+                link = std::max(link, std::max(g.inter_node_gbs, g.intra_node_gbs));
                 for (const double h : c.options[static_cast<std::size_t>(order_[p])].head) {
                     head_min = std::min(head_min, h);
                 }
