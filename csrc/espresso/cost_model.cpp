@@ -359,7 +359,12 @@ std::vector<char> boundaries_in_instance(const std::vector<GpuSpec>& gpus,
         } else {
             for (std::int64_t r = 0; r < dp; ++r) inst[static_cast<std::size_t>(r)] = take(tp[s]);
         }
-        if (s > 0 && gpu[s] == gpu[s - 1]) out[s - 1] = prev_inst == inst ? 1 : 0;
+        // Only stages that sit whole in one instance share it with a neighbour: TP groups
+        // spread over instances (dp * tp > n) are charged the network even where a group
+        // happened to land beside its neighbour's.
+        if (s > 0 && gpu[s] == gpu[s - 1] && dp * tp[s] <= n && dp * tp[s - 1] <= n) {
+            out[s - 1] = prev_inst == inst ? 1 : 0;
+        }
         prev_inst = inst;
     }
     return out;

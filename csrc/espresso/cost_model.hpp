@@ -198,8 +198,9 @@ double send_s(const GpuSpec& from, const GpuSpec& to, bool one_node, double byte
 // ranks go stage by stage, replica by replica; a stage whose dp * tp GPUs fit one instance
 // goes whole to the first instance of its catalog row with room for all of them, otherwise
 // each TP group to the first with room for it (instances in order). Boundary i is inside
-// one instance when both stages rent the same row and every replica's two TP groups landed
-// in the same instance. `gpu[i]`, `tp[i]`: stage i's row and width (tp <= gpus_per_node).
+// one instance when both stages rent the same row and both went whole into the same
+// instance (so dp * (tp_i + tp_i+1) <= gpus_per_node: the bounds rely on it).
+// `gpu[i]`, `tp[i]`: stage i's row and width (tp <= gpus_per_node).
 std::vector<char> boundaries_in_instance(const std::vector<GpuSpec>& gpus,
                                          const std::vector<std::int64_t>& gpu,
                                          const std::vector<std::int64_t>& tp, std::int64_t dp);

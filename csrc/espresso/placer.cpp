@@ -195,8 +195,10 @@ private:
                 const GpuSpec& gc = gpus_[static_cast<std::size_t>(distinct_[static_cast<std::size_t>(c)].gpu)];
                 inter_[ac] = send_s(ga, gc, false, msg, params_);
                 intra_[ac] = send_s(ga, gc, true, msg, params_);
-                const bool same = distinct_[static_cast<std::size_t>(a)].gpu ==
-                                  distinct_[static_cast<std::size_t>(c)].gpu;
+                // One instance holds both only when each stage sits whole in it.
+                const StageGroup& sa = distinct_[static_cast<std::size_t>(a)];
+                const StageGroup& sc = distinct_[static_cast<std::size_t>(c)];
+                const bool same = sa.gpu == sc.gpu && work_.dp * (sa.tp + sc.tp) <= ga.gpus_per_node;
                 send_[ac] = same ? std::min(inter_[ac], intra_[ac]) : inter_[ac];
                 min_in_[static_cast<std::size_t>(c)] = std::min(min_in_[static_cast<std::size_t>(c)], send_[ac]);
             }

@@ -684,15 +684,10 @@ private:
                 t_min = std::min(t_min, block_time(c, ch.type, ch.tp));
                 head_min = std::min(head_min, head_time(c, ch.type, ch.tp));
             }
-            double sum = 0, least = kInf;  // over the stages' own transfer times
-            for (const Choice& ch : n.choices) {
-                const double x = send_lb(c, link_bound(n, ch.type));
-                sum += d(ch.count) * x;
-                least = std::min(least, x);
-            }
+            const Sends sd = node_sends(n, c);
             t_iter = std::max(t_iter, round_trip_bound(c, n.stages,
                                                        d(model_.num_layers) * t_min + head_min,
-                                                       boundary_sum(sum, least)));
+                                                       boundary_sum(sd.sum, sd.least) - sd.saving));
         }
         return objective(t_iter + sync);
     }
@@ -738,13 +733,51 @@ private:
     // The fastest link a stage of `type` in node `n` can send on: its instance's own link
     // when another stage of the same type may sit beside it in one instance (the layout
     // decides; completions add other types only), else the network between instances.
-    double link_bound(const Node& n, std::int64_t type) const {
-        const GpuSpec& g = gpus_[static_cast<std::size_t>(type)];
-        std::int64_t stages = 0;
+    // The node's stages' transfers on the network between instances (each stage's own
+    // time; a transfer takes the larger of its two ends'): their sum, the least, and how
+    // much in-instance links can take off at most. Two stages of a type share an instance
+    // only when both sit whole in it (dp * tp <= its GPUs); the s such stages of a type lie
+    // in at least m = ceil(their GPUs / instance) instances, so at most s - m boundaries of
+    // the path run inside one, each saving at most that type's network-minus-link time.
+    struct Sends {
+        double sum = 0, least = kInf, saving = 0;
+    };
+    Sends node_sends(const Node& n, const Combo& c) const {
+        Sends out;
+        std::vector<std::pair<std::int64_t, std::int64_t>> whole;  // (type, [stages, gpus])
+        std::vector<std::int64_t> stages_of, gpus_of;
         for (const Choice& ch : n.choices) {
-            if (ch.type == type) stages += ch.count;
+            const GpuSpec& g = gpus_[static_cast<std::size_t>(ch.type)];
+            const double x = send_lb(c, g.inter_node_gbs);
+            out.sum += d(ch.count) * x;
+            out.least = std::min(out.least, x);
+            if (c.work.dp * ch.tp > g.gpus_per_node) continue;
+            auto it = std::find_if(whole.begin(), whole.end(),
+                                   [&](const auto& w) { return w.first == ch.type; });
+            std::size_t k = static_cast<std::size_t>(it - whole.begin());
+            if (it == whole.end()) {
+                whole.emplace_back(ch.type, 0);
+                stages_of.push_back(0);
+                gpus_of.push_back(0);
+            }
+            stages_of[k] += ch.count;
+            gpus_of[k] += std::int64_t{ch.count} * ch.tp * c.work.dp;
         }
-        return stages >= 2 ? std::max(g.intra_node_gbs, g.inter_node_gbs) : g.inter_node_gbs;
+        for (std::size_t k = 0; k < whole.size(); ++k) {
+            const GpuSpec& g = gpus_[static_cast<std::size_t>(whole[k].first)];
+            const std::int64_t m = (gpus_of[k] + g.gpus_per_node - 1) / g.gpus_per_node;
+            const std::int64_t shared = std::max<std::int64_t>(0, stages_of[k] - m);
+            const double save = send_lb(c, g.inter_node_gbs) -
+                                send_lb(c, std::max(g.inter_node_gbs, g.intra_node_gbs));
+            out.saving += d(shared) * std::max(0.0, save) * (1 + 1e-12);
+        }
+        return out;
+    }
+
+    // Whether two stages of `type` could share one of its instances in some completion.
+    bool can_share(const Combo& c, std::int64_t type) const {
+        const auto& ws = widths_[static_cast<std::size_t>(type)];
+        return !ws.empty() && c.work.dp * 2 * ws.front() <= gpus_[static_cast<std::size_t>(type)].gpus_per_node;
     }
 
     // The least time of one activation (or gradient) transfer between pipeline neighbours
@@ -878,18 +911,15 @@ private:
         double rt = 0;
         if (c.work.schedule == Schedule::OneFOneB) {
             // Round trips, for each number of stages a completion can have: the node's stages
-            // send as link_bound() says, an added stage at best on the fastest later link
+            // as node_sends() says, an added stage at best on the fastest later link
             // (in-instance links included: added stages of one type may share instances).
-            double link = 0, head_min = kInf, sum = 0, least = kInf;
-            for (const Choice& ch : n.choices) {
-                const double x = send_lb(c, link_bound(n, ch.type));
-                sum += d(ch.count) * x;
-                least = std::min(least, x);
-            }
+            double link = 0, head_min = kInf;
+            const Sends sd = node_sends(n, c);
             for (const Group& g : own) head_min = std::min(head_min, g.head);
             for (std::size_t p = p0; p < order_.size(); ++p) {
                 const GpuSpec& g = gpus_[static_cast<std::size_t>(order_[p])];
-                link = std::max(link, std::max(g.inter_node_gbs, g.intra_node_gbs));
+                link = std::max(link, can_share(c, order_[p]) ? std::max(g.inter_node_gbs, g.intra_node_gbs)
+                                                              : g.inter_node_gbs);
                 for (const double h : c.options[static_cast<std::size_t>(order_[p])].head) {
                     head_min = std::min(head_min, h);
                 }
@@ -899,8 +929,9 @@ private:
             rt = kInf;
             for (std::int64_t r = 1; r <= room; ++r) {
                 rt = std::min(rt, round_trip_bound(c, n.stages + r, work,
-                                                   boundary_sum(sum + d(r) * send,
-                                                                std::min(least, send))));
+                                                   boundary_sum(sd.sum + d(r) * send,
+                                                                std::min(sd.least, send)) -
+                                                       sd.saving));
             }
         }
         const double bw = n.sum_bw + std::min(bw_all, d(room) * bw_slot);
