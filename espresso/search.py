@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -209,6 +210,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     if not isinstance(job, Job):
         msg = f"search: expected a Job, got {type(job).__name__}"
         raise SpecError(msg)
+    started = time.perf_counter()  # wall clock: subproblems may run side by side
     catalog = Catalog.builtin() if catalog is None else catalog
     cost = CostParams() if cost_model is None else cost_model
     if objective == "time":
@@ -276,7 +278,6 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                           "leaves_placed", "placer_nodes", "placer_leaves", "dives", "combos")}
     peak = 0
     searched: set[int] = set()
-    seconds = 0.0
     threads_used = opts.threads
     lock = threading.Lock()
     # Subproblems searched side by side share their best plan's objective (top_k = 1).
@@ -294,7 +295,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
 
     def run(n: int, limit: float | None, threads_each: int) -> bool:
         """Search subproblem n; False when it did not finish."""
-        nonlocal peak, seconds, threads_used
+        nonlocal peak, threads_used
         _, _, sp, rows, specs = prepared[n]
         o = _options(objective=objective, budget_usd=budget_usd, time_limit_s=None,
                      threads=threads_each, top_k=top_k, max_stages=max_stages, max_tp=max_tp,
@@ -320,7 +321,6 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
             for k in agg:
                 agg[k] += getattr(st, k)
             peak = max(peak, st.frontier_peak)
-            seconds += st.seconds
             threads_used = max(threads_used, st.threads) if threads_each > 1 else opts.threads
             for p in res.plans:
                 used = [rows[s_.gpu] for s_ in p.stages]
@@ -423,7 +423,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                 "dominance": agg["pruned_dominance"]},
         leaves_placed=agg["leaves_placed"], placer_nodes=agg["placer_nodes"],
         placer_leaves=agg["placer_leaves"], frontier_peak=peak, dives=agg["dives"],
-        combos=agg["combos"], seconds=seconds, threads=threads_used,
+        combos=agg["combos"], seconds=time.perf_counter() - started, threads=threads_used,
         lower_bound=lower if found or not complete else math.inf, gap=max(0.0, gap),
         complete=complete, timed_out=timed_out,
         objective="cost" if by_cost else "time", subproblems=total_subproblems,
