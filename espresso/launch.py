@@ -138,9 +138,9 @@ class Host:
         """Whether this host can hold ranks of ``stage``."""
         if self.gpu != stage.gpu:
             return False
-        if self.instance_type is None or stage.offer is None:
+        if self.instance_type is None or stage.instance_type is None:
             return True
-        return stage.offer.split("/")[-1] == self.instance_type
+        return stage.instance_type == self.instance_type
 
     @property
     def label(self) -> str:
@@ -204,8 +204,8 @@ def assign_hosts(plan: Plan, hosts: list[Host]) -> list[NodeAssignment]:
     by_instance = any(h.instance_type for h in hosts)
 
     def need_key(st: Stage) -> str:
-        if by_instance and st.offer is not None:
-            return f"{st.offer.split('/')[-1]} ({st.gpu})"
+        if by_instance and st.instance_type is not None:
+            return f"{st.instance_type} ({st.gpu})"
         return st.gpu
 
     need: dict[str, int] = {}

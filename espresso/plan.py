@@ -82,6 +82,11 @@ class Stage:
             msg = str(exc).replace("stage.", f"stages[{index}].", 1)
             raise PlanError(msg) from None
 
+    @property
+    def instance_type(self) -> str | None:
+        """The instance type of the offer (``p4d.24xlarge``), ``None`` without one."""
+        return self.offer.split("/")[-1] if self.offer is not None else None
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"gpu": self.gpu, "tp": self.tp, "layers": list(self.layers)}
         if self.offer is not None:

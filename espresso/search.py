@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import functools
 import math
 import os
 import threading
@@ -216,11 +218,12 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     if objective == "time":
         enforce_deadline = False
     scope = v.choice("scope", scope, SCOPES)
-    opts = _options(objective=objective, budget_usd=budget_usd, time_limit_s=time_limit_s,
-                    threads=threads, top_k=top_k, max_stages=max_stages, max_tp=max_tp,
-                    micro_batch_sizes=micro_batch_sizes, recompute=recompute,
-                    schedule=schedule, enforce_deadline=enforce_deadline, prune=prune,
-                    max_gpu_types=max_gpu_types)
+    options = functools.partial(  # per subproblem: its own limit and threads
+        _options, objective=objective, budget_usd=budget_usd, top_k=top_k,
+        max_stages=max_stages, max_tp=max_tp, micro_batch_sizes=micro_batch_sizes,
+        recompute=recompute, schedule=schedule, enforce_deadline=enforce_deadline,
+        prune=prune, max_gpu_types=max_gpu_types)
+    opts = options(time_limit_s=time_limit_s, threads=threads)
     if progress is not None:
         if not isinstance(progress, SearchProgress):
             msg = f"progress: expected a SearchProgress, got {type(progress).__name__}"
@@ -297,11 +300,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         """Search subproblem n; False when it did not finish."""
         nonlocal peak, threads_used
         _, _, sp, rows, specs = prepared[n]
-        o = _options(objective=objective, budget_usd=budget_usd, time_limit_s=None,
-                     threads=threads_each, top_k=top_k, max_stages=max_stages, max_tp=max_tp,
-                     micro_batch_sizes=micro_batch_sizes, recompute=recompute,
-                     schedule=schedule, enforce_deadline=enforce_deadline, prune=prune,
-                     max_gpu_types=max_gpu_types)
+        o = options(time_limit_s=None, threads=threads_each)
         o.monitor = opts.monitor
         o.shared = shared
         # A domain that spans locations also returns plans in one location, which are not
@@ -339,46 +338,49 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
 
     live = [n for n, item in enumerate(prepared) if math.isfinite(item[0])]
     agg["pruned_deadline"] += len(prepared) - len(live)
-    # Side by side when there are more subproblems than threads (a cloud snapshot); a few
-    # (the vendors of a GPU-type catalog) are searched one after another with every thread.
+    # Side by side when there are more subproblems than threads (a cloud snapshot): one per
+    # thread, each searched single-threaded (no contention on one frontier; the shared
+    # incumbent cuts every search as soon as any finds a plan). A few (the vendors of a
+    # GPU-type catalog) are searched one after another with every thread.
     workers = opts.threads if shared is not None and len(live) > opts.threads else 1
-    if workers > 1:
-        # One subproblem per thread, each searched single-threaded: no contention on one
-        # frontier, and the shared incumbent cuts every search as soon as any finds a plan.
-        queue = list(live)
-        qlock = threading.Lock()
+    queue = collections.deque(live)
+    qlock = threading.Lock()
+
+    def work(threads_each: int) -> None:
+        nonlocal out_of_time
+        while True:
+            with qlock:
+                if not queue:
+                    return
+                n = queue.popleft()
+                remaining = len(queue) + 1
+            with lock:
+                cut = prepared[n][0] > kth() * (1 + 1e-9)
+                if cut:
+                    agg["pruned_cost"] += 1
+            if cut:
+                continue
+            if stopped():
+                with lock:
+                    out_of_time = True
+                    retry.append((prepared[n][0], n))
+                continue
+            left = budget.share(1.0)
+            share = None if left is None else min(left, left * workers / remaining)
+            run(n, share, threads_each)
+
+    if workers == 1:
+        work(opts.threads)
+    else:
         errors: list[BaseException] = []
 
         def worker() -> None:
             try:
-                work()
+                work(1)
             except BaseException as exc:  # re-raised in the caller's thread below
                 errors.append(exc)
                 if opts.monitor is not None:
                     opts.monitor.cancel()  # stop the other searches too
-
-        def work() -> None:
-            nonlocal out_of_time
-            while True:
-                with qlock:
-                    if not queue:
-                        return
-                    n = queue.pop(0)
-                    remaining = len(queue) + 1
-                with lock:
-                    cut = prepared[n][0] > kth() * (1 + 1e-9)
-                    if cut:
-                        agg["pruned_cost"] += 1
-                if cut:
-                    continue
-                if stopped():
-                    with lock:
-                        out_of_time = True
-                        retry.append((prepared[n][0], n))
-                    continue
-                left = budget.share(1.0)
-                share = None if left is None else min(left, left * workers / remaining)
-                run(n, share, 1)
 
         pool = [threading.Thread(target=worker, name=f"espresso-domain-{i}")
                 for i in range(workers)]
@@ -388,17 +390,6 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
             t_.join()
         if errors:
             raise errors[0]
-    else:
-        for i, n in enumerate(live):
-            if prepared[n][0] > kth() * (1 + 1e-9):
-                agg["pruned_cost"] += 1
-                continue
-            if stopped():
-                out_of_time = True
-                retry.extend((prepared[m][0], m) for m in live[i:])
-                break
-            left = budget.share(1.0)
-            run(n, None if left is None else left / (len(live) - i), opts.threads)
     retry.sort()
     for lb, n in retry[:]:
         if out_of_time or lb > kth() * (1 + 1e-9):

@@ -176,9 +176,7 @@ def random_offers(seed: int) -> tuple[es.Job, es.Catalog]:
     """2 places (and sometimes a second vendor), 2-4 offers with 1-, 2- or 4-GPU instances,
     1-2 instances each: whole-instance rounding, vendors and places all bind."""
     rng = random.Random(seed)
-    layers = rng.randint(4, 6)
-    model = es.ModelSpec(name=f"o{seed}", num_layers=layers, hidden_size=256, num_heads=8,
-                         num_kv_heads=8, ffn_hidden_size=512, vocab_size=1000)
+    model = _tiny_model(f"o{seed}", rng.randint(4, 6))
     base = es.Catalog.builtin("gpus")
     offers = []
     for i in range(rng.randint(2, 4)):
@@ -189,6 +187,11 @@ def random_offers(seed: int) -> tuple[es.Job, es.Catalog]:
                        "price_per_hour": round(g.price_per_hour * n * rng.uniform(0.5, 2), 3),
                        "instances": rng.randint(1, 2), "network_gbs": rng.choice([1, 10])})
     return _small_job(rng, model, offers, batch=2, factors=(0.9, 1.0 + 1e-9, 1.2, 2.0, 100.0))
+
+
+def _tiny_model(name: str, layers: int) -> es.ModelSpec:
+    return es.ModelSpec(name=name, num_layers=layers, hidden_size=256, num_heads=8,
+                        num_kv_heads=8, ffn_hidden_size=512, vocab_size=1000)
 
 
 def _small_job(rng: random.Random, model: es.ModelSpec, offers: list[dict[str, Any]], *,
@@ -267,9 +270,7 @@ def random_families(seed: int) -> tuple[es.Job, es.Catalog]:
     GPU, in one place. Whole-instance rounding decides which size wins, and the dominance
     rule (which compares the cost of moving GPUs between sizes) is exercised."""
     rng = random.Random(seed)
-    layers = rng.randint(4, 6)
-    model = es.ModelSpec(name=f"f{seed}", num_layers=layers, hidden_size=256, num_heads=8,
-                         num_kv_heads=8, ffn_hidden_size=512, vocab_size=1000)
+    model = _tiny_model(f"f{seed}", rng.randint(4, 6))
     base = es.Catalog.builtin("gpus")
     offers = []
     for name in rng.sample(["A100-80GB", "H100-SXM", "L4"], rng.randint(1, 2)):

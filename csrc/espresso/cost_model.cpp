@@ -333,7 +333,7 @@ std::vector<char> boundaries_in_instance(const std::vector<GpuSpec>& gpus,
     };
     std::vector<std::vector<Open>> open(gpus.size());
     std::vector<std::int64_t> next(gpus.size(), 0);
-    std::vector<std::int64_t> prev_inst, inst(static_cast<std::size_t>(dp));
+    std::int64_t prev_whole = -1;  // the instance holding the previous stage whole, or -1
     for (std::size_t s = 0; s < P; ++s) {
         const auto row = static_cast<std::size_t>(gpu[s]);
         const std::int64_t n = gpus[row].gpus_per_node;
@@ -352,20 +352,19 @@ std::vector<char> boundaries_in_instance(const std::vector<GpuSpec>& gpus,
             if (n - size > 0) op.push_back({id, n - size});
             return id;
         };
+        std::int64_t whole = -1;
         if (dp * tp[s] <= n) {
             // The stage's replicas fit one instance: they go there together (its DP
             // all-reduce then runs on the in-instance link, as stage_cost() charges it).
-            std::fill(inst.begin(), inst.end(), take(dp * tp[s]));
+            whole = take(dp * tp[s]);
         } else {
-            for (std::int64_t r = 0; r < dp; ++r) inst[static_cast<std::size_t>(r)] = take(tp[s]);
+            for (std::int64_t r = 0; r < dp; ++r) take(tp[s]);
         }
         // Only stages that sit whole in one instance share it with a neighbour: TP groups
         // spread over instances (dp * tp > n) are charged the network even where a group
         // happened to land beside its neighbour's.
-        if (s > 0 && gpu[s] == gpu[s - 1] && dp * tp[s] <= n && dp * tp[s - 1] <= n) {
-            out[s - 1] = prev_inst == inst ? 1 : 0;
-        }
-        prev_inst = inst;
+        if (s > 0 && gpu[s] == gpu[s - 1] && whole >= 0 && whole == prev_whole) out[s - 1] = 1;
+        prev_whole = whole;
     }
     return out;
 }

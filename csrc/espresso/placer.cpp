@@ -187,6 +187,7 @@ private:
         send_.assign(static_cast<std::size_t>(k_ * k_), 0.0);
         inter_.assign(static_cast<std::size_t>(k_ * k_), 0.0);
         intra_.assign(static_cast<std::size_t>(k_ * k_), 0.0);
+        share_.assign(static_cast<std::size_t>(k_ * k_), 0);
         min_in_.assign(static_cast<std::size_t>(k_), kInf);
         for (std::int64_t a = 0; a < k_; ++a) {
             for (std::int64_t c = 0; c < k_; ++c) {
@@ -199,6 +200,7 @@ private:
                 const StageGroup& sa = distinct_[static_cast<std::size_t>(a)];
                 const StageGroup& sc = distinct_[static_cast<std::size_t>(c)];
                 const bool same = sa.gpu == sc.gpu && work_.dp * (sa.tp + sc.tp) <= ga.gpus_per_node;
+                share_[ac] = same ? 1 : 0;
                 send_[ac] = same ? std::min(inter_[ac], intra_[ac]) : inter_[ac];
                 min_in_[static_cast<std::size_t>(c)] = std::min(min_in_[static_cast<std::size_t>(c)], send_[ac]);
             }
@@ -464,13 +466,23 @@ private:
         ++leaves_;
         std::vector<double> f(static_cast<std::size_t>(P_)), b(static_cast<std::size_t>(P_));
         std::vector<double> c(static_cast<std::size_t>(P_ - 1));
-        std::vector<std::int64_t> gv(static_cast<std::size_t>(P_)), tv(static_cast<std::size_t>(P_));
-        for (std::int64_t i = 0; i < P_; ++i) {
-            const StageGroup& g = distinct_[static_cast<std::size_t>(seq_group_[static_cast<std::size_t>(i)])];
-            gv[static_cast<std::size_t>(i)] = g.gpu;
-            tv[static_cast<std::size_t>(i)] = g.tp;
+        // Which neighbours share an instance: the layout of the whole sequence decides, and
+        // only pairs that could (share_) need it worked out.
+        std::vector<char> inside(static_cast<std::size_t>(P_ - 1), 0);
+        bool any = false;
+        for (std::int64_t i = 1; i < P_ && !any; ++i) {
+            any = share_[static_cast<std::size_t>(seq_group_[static_cast<std::size_t>(i - 1)] * k_ +
+                                                  seq_group_[static_cast<std::size_t>(i)])] != 0;
         }
-        const std::vector<char> inside = boundaries_in_instance(gpus_, gv, tv, work_.dp);
+        if (any) {
+            std::vector<std::int64_t> gv(static_cast<std::size_t>(P_)), tv(static_cast<std::size_t>(P_));
+            for (std::int64_t i = 0; i < P_; ++i) {
+                const StageGroup& g = distinct_[static_cast<std::size_t>(seq_group_[static_cast<std::size_t>(i)])];
+                gv[static_cast<std::size_t>(i)] = g.gpu;
+                tv[static_cast<std::size_t>(i)] = g.tp;
+            }
+            inside = boundaries_in_instance(gpus_, gv, tv, work_.dp);
+        }
         for (std::int64_t i = 0; i < P_; ++i) {
             const auto si = static_cast<std::size_t>(i);
             const std::size_t cl = cell(seq_group_[si], i, seq_layers_[si]);
@@ -505,7 +517,7 @@ private:
     std::vector<std::int64_t> count_, remaining_, stride_, rank_;
     std::vector<double> f_, b_, g_, ar_, opt_step_, send_, inter_, intra_, min_in_, memo_, memo_sum_;
     std::vector<Neck> memo_neck_;
-    std::vector<char> ok_;
+    std::vector<char> ok_, share_;  // share_: two groups that could sit in one instance
     Stopwatch sw_;
     bool use_memo_ = false, exhaustive_ = true, timed_out_ = false;
     std::int64_t root_index_ = 0, nodes_ = 0, leaves_ = 0;

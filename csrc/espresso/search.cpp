@@ -386,16 +386,18 @@ private:
     // block time t taking at most min(tau / t, its limit there): bisection over the values
     // m t (feasibility only grows with tau), each test a dynamic programme over the positions
     // and the multiset of stages used. +inf when no assignment holds the model at all.
-    // Skipped (0) when that multiset is too large.
+    // Never below bottleneck_bound() (a lower bound too), which it is when the multiset is
+    // too large for the programme.
     double positioned_tau(const Node& n, const Combo& c) const {
-        if (n.stages < 1) return 0.0;
+        const double start = bottleneck_bound(n, c);  // lenient limits: below the answer
+        if (n.stages < 1 || !std::isfinite(start)) return start;
         const std::size_t k = n.choices.size();
         std::vector<std::int64_t> stride(k);
         std::int64_t states = 1;
         for (std::size_t j = 0; j < k; ++j) {
             stride[j] = states;
             states *= n.choices[j].count + 1;
-            if (states > 4096) return 0.0;
+            if (states > 4096) return start;
         }
         const std::int64_t P = n.stages, M = c.work.num_microbatches, L = model_.num_layers;
         const auto sP = static_cast<std::size_t>(P);
@@ -416,17 +418,18 @@ private:
         }
         std::vector<std::int64_t> best(static_cast<std::size_t>(states));
         std::vector<std::int64_t> digit(k);
+        std::vector<std::int64_t> fit(k);  // blocks a stage takes at the tested tau
         auto feasible = [&](double tau) {
             // Sure answers first: the limits at the busiest position (0) are the tightest and
             // at the last the loosest, for every stage.
             std::int64_t tight = 0, loose = 0;
             bool each = true, some = true;
             for (std::size_t j = 0; j < k; ++j) {
-                const std::int64_t ft = std::isfinite(tau)
+                fit[j] = std::isfinite(tau)
                     ? static_cast<std::int64_t>(std::min(1e18, std::floor(tau / t[j] * (1 + 1e-12))))
                     : L;
-                const std::int64_t lo_cap = std::min(ft, cap[j * sP]);
-                const std::int64_t hi_cap = std::min(ft, cap[j * sP + sP - 1]);
+                const std::int64_t lo_cap = std::min(fit[j], cap[j * sP]);
+                const std::int64_t hi_cap = std::min(fit[j], cap[j * sP + sP - 1]);
                 each = each && lo_cap >= 1;
                 some = some && hi_cap >= 1;
                 tight += n.choices[j].count * lo_cap;
@@ -454,11 +457,7 @@ private:
                 if (have < 0 || pos >= P) continue;
                 for (std::size_t j = 0; j < k; ++j) {
                     if (digit[j] == n.choices[j].count) continue;
-                    std::int64_t v = cap[j * sP + static_cast<std::size_t>(pos)];
-                    if (std::isfinite(tau)) {
-                        v = std::min<std::int64_t>(
-                            v, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / t[j] * (1 + 1e-12)))));
-                    }
+                    const std::int64_t v = std::min(fit[j], cap[j * sP + static_cast<std::size_t>(pos)]);
                     if (v < 1) continue;
                     auto& nb = best[static_cast<std::size_t>(sidx + stride[j])];
                     nb = std::max(nb, std::min(L, have + v));
@@ -467,16 +466,12 @@ private:
             return best[static_cast<std::size_t>(states - 1)] >= L;
         };
         if (!feasible(kInf)) return kInf;
-        // The lenient bottleneck bound is below the answer: start there.
-        const double start = bottleneck_bound(n, c);
-        if (std::isfinite(start) && feasible(start)) return start;
+        if (feasible(start)) return start;
         // The answer is m t_j for some stage group j and m blocks: binary search over those
         // values, merged and sorted.
         std::vector<double> cand;
         for (std::size_t j = 0; j < k; ++j) {
-            const std::int64_t lo = std::isfinite(start)
-                                        ? std::max<std::int64_t>(1, static_cast<std::int64_t>(start / t[j]))
-                                        : 1;
+            const std::int64_t lo = std::max<std::int64_t>(1, static_cast<std::int64_t>(start / t[j]));
             for (std::int64_t m = lo; m <= L; ++m) cand.push_back(d(m) * t[j]);
         }
         std::sort(cand.begin(), cand.end());
@@ -486,8 +481,7 @@ private:
             if (feasible(cand[mid])) hi = mid;
             else lo = mid + 1;
         }
-        const double out = lo < cand.size() ? cand[lo] : kInf;
-        return out * (1 - 1e-12);
+        return lo < cand.size() ? std::max(start, cand[lo] * (1 - 1e-12)) : kInf;
     }
 
     void prepare_options(Combo& c) const {
@@ -629,10 +623,11 @@ private:
         return c.head_flops / (d(tp) * rate_[static_cast<std::size_t>(type)]);
     }
 
-    // `tau_min`: a bottleneck already known (positioned_tau), 0 when none.
+    // `tau`: the bottleneck when already known (positioned_tau()), else negative: the
+    // lenient bottleneck_bound() is used.
     // `thr`: when the cheap rate bounds already put the allocation beyond it, their value
     // is returned (a weaker but sufficient bound) and the dearer ones are skipped.
-    double own_bound(const Node& n, const Combo& c, double tau_min = 0.0,
+    double own_bound(const Node& n, const Combo& c, double tau = -1.0,
                      double thr = kInf) const {
         if (n.stages < 1 || n.stages > model_.num_layers) return kInf;
         const double rate = effective_rate(n, c);
@@ -662,28 +657,20 @@ private:
             const double quick = objective(by_rate + sync);
             if (!std::isfinite(quick) || beyond(quick, thr)) return quick;
         }
-        const double tau = std::max(bottleneck_bound(n, c), tau_min);
+        if (tau < 0) tau = bottleneck_bound(n, c);
         if (!std::isfinite(tau)) return kInf;
         double t_iter = std::max(by_rate, M * tau);
         if (c.work.schedule == Schedule::OneFOneB && n.stages > 1) {
-            // The second pipeline bound with k the bottleneck stage (w_k >= tau) and
-            // sum_i w_i >= L blocks at the fastest per-block time (docs/search.md).
-            const double q = q_factor(n);
-            const double a = M - 1 - d(n.stages - 1) / q;
-            if (a > 0) {
-                double t_min = kInf;
-                for (const Choice& ch : n.choices) {
-                    t_min = std::min(t_min, block_time(c, ch.type, ch.tp));
-                }
-                t_iter = std::max(t_iter, d(model_.num_layers) * t_min + a * tau);
-            }
-        }
-        if (n.stages > 1) {
-            double t_min = kInf, head_min = kInf;
+            double t_min = kInf, head_min = kInf;  // the fastest block and LM head
             for (const Choice& ch : n.choices) {
                 t_min = std::min(t_min, block_time(c, ch.type, ch.tp));
                 head_min = std::min(head_min, head_time(c, ch.type, ch.tp));
             }
+            // The second pipeline bound with k the bottleneck stage (w_k >= tau) and
+            // sum_i w_i >= L blocks at the fastest per-block time (docs/search.md).
+            const double a = M - 1 - d(n.stages - 1) / q_factor(n);
+            if (a > 0) t_iter = std::max(t_iter, d(model_.num_layers) * t_min + a * tau);
+            // 1F1B's round trips.
             const Sends sd = node_sends(n, c);
             t_iter = std::max(t_iter, round_trip_bound(c, n.stages,
                                                        d(model_.num_layers) * t_min + head_min,
@@ -730,9 +717,6 @@ private:
         return std::max(by_rate, hours);
     }
 
-    // The fastest link a stage of `type` in node `n` can send on: its instance's own link
-    // when another stage of the same type may sit beside it in one instance (the layout
-    // decides; completions add other types only), else the network between instances.
     // The node's stages' transfers on the network between instances (each stage's own
     // time; a transfer takes the larger of its two ends'): their sum, the least, and how
     // much in-instance links can take off at most. Two stages of a type share an instance
@@ -743,9 +727,11 @@ private:
         double sum = 0, least = kInf, saving = 0;
     };
     Sends node_sends(const Node& n, const Combo& c) const {
+        struct Whole {
+            std::int64_t type, stages, gpus;
+        };
         Sends out;
-        std::vector<std::pair<std::int64_t, std::int64_t>> whole;  // (type, [stages, gpus])
-        std::vector<std::int64_t> stages_of, gpus_of;
+        std::vector<Whole> whole;  // per type, its stages that fit one instance whole
         for (const Choice& ch : n.choices) {
             const GpuSpec& g = gpus_[static_cast<std::size_t>(ch.type)];
             const double x = send_lb(c, g.inter_node_gbs);
@@ -753,23 +739,18 @@ private:
             out.least = std::min(out.least, x);
             if (c.work.dp * ch.tp > g.gpus_per_node) continue;
             auto it = std::find_if(whole.begin(), whole.end(),
-                                   [&](const auto& w) { return w.first == ch.type; });
-            std::size_t k = static_cast<std::size_t>(it - whole.begin());
-            if (it == whole.end()) {
-                whole.emplace_back(ch.type, 0);
-                stages_of.push_back(0);
-                gpus_of.push_back(0);
-            }
-            stages_of[k] += ch.count;
-            gpus_of[k] += std::int64_t{ch.count} * ch.tp * c.work.dp;
+                                   [&](const Whole& w) { return w.type == ch.type; });
+            if (it == whole.end()) it = whole.insert(whole.end(), Whole{ch.type, 0, 0});
+            it->stages += ch.count;
+            it->gpus += std::int64_t{ch.count} * ch.tp * c.work.dp;
         }
-        for (std::size_t k = 0; k < whole.size(); ++k) {
-            const GpuSpec& g = gpus_[static_cast<std::size_t>(whole[k].first)];
-            const std::int64_t m = (gpus_of[k] + g.gpus_per_node - 1) / g.gpus_per_node;
-            const std::int64_t shared = std::max<std::int64_t>(0, stages_of[k] - m);
+        for (const Whole& w : whole) {
+            const GpuSpec& g = gpus_[static_cast<std::size_t>(w.type)];
+            const std::int64_t m = (w.gpus + g.gpus_per_node - 1) / g.gpus_per_node;
             const double save = send_lb(c, g.inter_node_gbs) -
                                 send_lb(c, std::max(g.inter_node_gbs, g.intra_node_gbs));
-            out.saving += d(shared) * std::max(0.0, save) * (1 + 1e-12);
+            out.saving += d(std::max<std::int64_t>(0, w.stages - m)) * std::max(0.0, save) *
+                          (1 + 1e-12);
         }
         return out;
     }
@@ -1354,7 +1335,7 @@ private:
             }
         }
         ++local.s.nodes_generated;
-        ch.own = own_bound(ch, c, 0.0, thr);
+        ch.own = own_bound(ch, c, -1.0, thr);
         // The completion time bound waits until the node is taken from the frontier (most
         // children are cut by the incumbent before that); the FLOP/s bound orders it till then.
         ch.ext_lb = ext_bound(ch, c, thr, false);
