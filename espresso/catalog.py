@@ -60,8 +60,11 @@ class GpuType:
     spot_price_per_hour: float | None = None
     """Optional spot USD per GPU-hour."""
     efficiency: float | None = None
-    """Optional achieved fraction of peak for matmuls (MFU); the cost model's default
-    applies when absent."""
+    """Optional achieved fraction of peak for matrix multiplies (measured: ``espresso
+    bench-gpu``); the cost model's default applies when absent."""
+    memory_bytes: float | None = None
+    """Optional capacity of one GPU in bytes as the driver reports it (``nvidia-smi``
+    memory.total: 81920 MiB for an "80 GB" A100); absent: ``memory_gb`` x 1e9."""
     gpu: str | None = None
     """The GPU model (a spec name such as ``A100-40GB``) when ``name`` is an offer's key;
     ``None``: ``name`` itself."""
@@ -109,6 +112,9 @@ class GpuType:
         set_(self, "gpus_per_node",
              v.integer(f"{where}: gpus_per_node", self.gpus_per_node, minimum=1, maximum=1024,
                        err=err))
+        if self.memory_bytes is not None:
+            set_(self, "memory_bytes", v.number(f"{where}: memory_bytes", self.memory_bytes,
+                                                positive=True, maximum=1e15, err=err))
         if self.efficiency is not None:
             eff = v.number(f"{where}: efficiency", self.efficiency, minimum=1e-6, maximum=1.0,
                            err=err)
@@ -166,6 +172,7 @@ class GpuType:
     def _spec(self) -> Any:
         g = core.GpuSpec()
         g.memory_gb = self.memory_gb
+        g.memory_bytes = self.memory_bytes or 0.0
         g.tflops = self.bf16_tflops
         g.mem_bandwidth_gbs = self.mem_bandwidth_gbs
         g.intra_node_gbs = self.intra_node_gbs
@@ -375,6 +382,8 @@ class Catalog:
                         "intra_node_gbs": g.intra_node_gbs}
                 if g.efficiency is not None:
                     spec["efficiency"] = g.efficiency
+                if g.memory_bytes is not None:
+                    spec["memory_bytes"] = g.memory_bytes
                 known = builtin[g.model].to_dict() if g.model in builtin else None
                 if known is None or any(known.get(k) != val for k, val in spec.items()
                                         if k != "intra_node_gbs"):

@@ -17,9 +17,29 @@ from .errors import SpecError
 class CostParams:
     """Constants of the cost model."""
 
-    efficiency: float = 0.45
-    """Achieved fraction of peak FLOP/s for a GPU type that gives no ``efficiency``
-    (Megatron-LM reports 44-52% on A100 for GPT models of 1-175B)."""
+    efficiency: float = 0.8
+    """Matrix-multiply fraction of peak FLOP/s, as a matmul benchmark measures it, for a GPU
+    type that gives no ``efficiency`` (the built-in specs carry measured ones: 0.78-0.87
+    for B200, H100, H200 and A100; docs/cost-model.md, "Compute")."""
+    sustained_fraction: float = 0.8
+    """The fraction of that benchmark peak a training step sustains in its matmuls (clocks
+    under sustained power, kernel tails). Calibrated on Megatron-LM's published A100 runs and
+    checked on three other sources (bench/validate_published.py, bench/README.md)."""
+    attention_efficiency: float = 0.5
+    """Fraction of peak that fused (flash) attention kernels reach (FlashAttention-2: 50-73%
+    of A100 peak forward, less backward; Dao 2023)."""
+    overlap_grad_reduce: bool = True
+    """The data-parallel gradient reduction overlaps the backward pass (DDP buckets,
+    FSDP, Megatron-LM's overlap_grad_reduce); only the part that outlasts the last
+    micro-batch's backward is exposed."""
+    p2p_overlap: bool = True
+    """Pipeline sends and receives overlap compute (asynchronous, as Espresso's runner and
+    PyTorch's pipelining schedules run them); off: each transfer blocks both stages, as in
+    Megatron-LM's 2021 schedules and DeepSpeed's pipeline engine."""
+    p2p_scatter_gather: bool = False
+    """Each TP rank sends 1/tp of a boundary's activation and the receiving group
+    all-gathers it over its in-instance link (Megatron-LM's scatter/gather optimisation,
+    Narayanan et al. 2021, sec. 4.1); off: every TP rank sends the whole tensor."""
     bytes_per_weight: float = 2.0
     """bf16 weights."""
     bytes_per_grad: float = 2.0

@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Estimate", "StageEstimate", "estimate"]
 
+RECOMPUTE_CORE = {"none": core.Recompute.NONE, "full": core.Recompute.FULL,
+                  "selective": core.Recompute.SELECTIVE}
+SHARDING_CORE = {"none": core.Sharding.NONE, "zero1": core.Sharding.ZERO1,
+                 "zero2": core.Sharding.ZERO2, "fsdp": core.Sharding.FULL}
+
 def _workload(plan: Plan) -> Any:
     job = plan.job
     w = core.Workload()
@@ -27,7 +32,9 @@ def _workload(plan: Plan) -> Any:
     w.dp = plan.dp
     w.global_batch_size = job.global_batch_size
     w.schedule = core.Schedule.GPIPE if plan.schedule == "gpipe" else core.Schedule.ONE_F_ONE_B
-    w.recompute = core.Recompute.FULL if plan.recompute == "full" else core.Recompute.NONE
+    w.recompute = RECOMPUTE_CORE[plan.recompute]
+    w.sharding = SHARDING_CORE[plan.sharding]
+    w.sequence_parallel = plan.sequence_parallel
     w.optimizer_bytes_per_param = job.optimizer_state_bytes
     w.iterations = float(job.num_iterations)
     w.deadline_hours = job.deadline_hours

@@ -18,13 +18,14 @@ from .profile import as_profiles
 
 SCHEMA = "espresso.plan/1"
 SCHEDULES = ("1f1b", "gpipe")
-RECOMPUTE = ("none", "full")
+RECOMPUTE = ("none", "full", "selective")
+SHARDING = ("none", "zero1", "zero2", "fsdp")
 MAX_STAGES = 1024
 MAX_MICROBATCHES = 1 << 20
 
 _PLAN_KEYS = ("schema", "job", "dp", "micro_batch_size", "num_microbatches", "schedule",
-              "recompute", "stages", "gpus", "estimate", "cost_model", "profiles", "stats",
-              "domain")
+              "recompute", "sharding", "sequence_parallel", "stages", "gpus", "estimate",
+              "cost_model", "profiles", "stats", "domain")
 _OFFER_KEYS = ("provider", "region", "instance_type")
 
 
@@ -112,7 +113,15 @@ class Plan:
     schedule: str = "1f1b"
     """``1f1b`` (PipeDream-flush) or ``gpipe``."""
     recompute: str = "none"
-    """Activation recomputation: ``none`` or ``full``."""
+    """Activation recomputation: ``none``, ``full`` (every block's forward again) or
+    ``selective`` (the attention core only, Korthikanti et al. 2022)."""
+    sharding: str = "none"
+    """How each stage's model states are sharded over its ``dp`` replicas: ``none``,
+    ``zero1`` (optimizer states), ``zero2`` (and gradients) or ``fsdp`` (and the weights,
+    gathered block by block: FSDP2 / ZeRO-3)."""
+    sequence_parallel: bool = False
+    """Tensor-parallel stages split the norms and dropouts along the sequence (Korthikanti
+    et al. 2022): the same communication, less activation memory and work."""
     cost_model: CostParams = field(default_factory=CostParams)
     """Constants of the cost model the plan is estimated with."""
     estimate: Estimate | None = None
@@ -175,6 +184,9 @@ class Plan:
         set_(self, "schedule", v.choice("plan.schedule", self.schedule, SCHEDULES, err=PlanError))
         set_(self, "recompute",
              v.choice("plan.recompute", self.recompute, RECOMPUTE, err=PlanError))
+        set_(self, "sharding", v.choice("plan.sharding", self.sharding, SHARDING, err=PlanError))
+        set_(self, "sequence_parallel",
+             v.boolean("plan.sequence_parallel", self.sequence_parallel, err=PlanError))
         set_(self, "profiles", as_profiles(self.profiles))
         if not isinstance(self.cost_model, CostParams):
             msg = f"plan.cost_model: expected CostParams, got {type(self.cost_model).__name__}"
@@ -239,7 +251,8 @@ class Plan:
         est = Estimate.from_dict(data["estimate"]) if data.get("estimate") else None
         plan = cls(job=job, stages=stages, dp=dp, micro_batch_size=mbs, num_microbatches=m,
                    schedule=data.get("schedule", "1f1b"), recompute=data.get("recompute", "none"),
-                   cost_model=cost, estimate=est, stats=data.get("stats"),
+                   sharding=data.get("sharding", "none"),
+                   sequence_parallel=data.get("sequence_parallel", False), cost_model=cost, estimate=est, stats=data.get("stats"),
                    profiles=data.get("profiles") or {}, domain=data.get("domain"))
         if "gpus" in data:
             given = v.mapping("plan.gpus", data["gpus"], err=PlanError)
@@ -265,6 +278,11 @@ class Plan:
             "stages": [s.to_dict() for s in self.stages],
             "gpus": self.gpus,
         }
+        # Written only when used, so plans without them read as before by older readers.
+        if self.sharding != "none":
+            out["sharding"] = self.sharding
+        if self.sequence_parallel:
+            out["sequence_parallel"] = True
         changed = self.cost_model.to_dict(only_changed=True)
         if changed:
             out["cost_model"] = changed

@@ -13,7 +13,13 @@ void register_cost_model(py::module_& m) {
         .value("GPIPE", Schedule::GPipe);
     py::enum_<Recompute>(m, "Recompute")
         .value("NONE", Recompute::None)
-        .value("FULL", Recompute::Full);
+        .value("FULL", Recompute::Full)
+        .value("SELECTIVE", Recompute::Selective);
+    py::enum_<Sharding>(m, "Sharding")
+        .value("NONE", Sharding::None)
+        .value("ZERO1", Sharding::Zero1)
+        .value("ZERO2", Sharding::Zero2)
+        .value("FULL", Sharding::Full);
     py::enum_<IssueKind>(m, "IssueKind")
         .value("LAYERS_NOT_COVERED", IssueKind::LayersNotCovered)
         .value("LAYERS_OVERLAP", IssueKind::LayersOverlap)
@@ -41,6 +47,7 @@ void register_cost_model(py::module_& m) {
     py::class_<GpuSpec>(m, "GpuSpec")
         .def(py::init<>())
         .def_readwrite("memory_gb", &GpuSpec::memory_gb)
+        .def_readwrite("memory_bytes", &GpuSpec::memory_bytes)
         .def_readwrite("tflops", &GpuSpec::tflops)
         .def_readwrite("mem_bandwidth_gbs", &GpuSpec::mem_bandwidth_gbs)
         .def_readwrite("intra_node_gbs", &GpuSpec::intra_node_gbs)
@@ -58,6 +65,11 @@ void register_cost_model(py::module_& m) {
     py::class_<CostParams>(m, "CostParams")
         .def(py::init<>())
         .def_readwrite("efficiency", &CostParams::efficiency)
+        .def_readwrite("attention_efficiency", &CostParams::attention_efficiency)
+        .def_readwrite("sustained_fraction", &CostParams::sustained_fraction)
+        .def_readwrite("overlap_grad_reduce", &CostParams::overlap_grad_reduce)
+        .def_readwrite("p2p_overlap", &CostParams::p2p_overlap)
+        .def_readwrite("p2p_scatter_gather", &CostParams::p2p_scatter_gather)
         .def_readwrite("bytes_per_weight", &CostParams::bytes_per_weight)
         .def_readwrite("bytes_per_grad", &CostParams::bytes_per_grad)
         .def_readwrite("zero1", &CostParams::zero1)
@@ -81,6 +93,8 @@ void register_cost_model(py::module_& m) {
         .def_readwrite("global_batch_size", &Workload::global_batch_size)
         .def_readwrite("schedule", &Workload::schedule)
         .def_readwrite("recompute", &Workload::recompute)
+        .def_readwrite("sharding", &Workload::sharding)
+        .def_readwrite("sequence_parallel", &Workload::sequence_parallel)
         .def_readwrite("optimizer_bytes_per_param", &Workload::optimizer_bytes_per_param)
         .def_readwrite("iterations", &Workload::iterations)
         .def_readwrite("deadline_hours", &Workload::deadline_hours)
@@ -122,6 +136,7 @@ void register_cost_model(py::module_& m) {
         .def_readonly("send_s", &StageEstimate::send_s)
         .def_readonly("send_intra_node", &StageEstimate::send_intra_node)
         .def_readonly("dp_allreduce_s", &StageEstimate::dp_allreduce_s)
+        .def_readonly("dp_comm_s", &StageEstimate::dp_comm_s)
         .def_readonly("optimizer_step_s", &StageEstimate::optimizer_step_s);
 
     py::class_<EstimateResult>(m, "EstimateResult")
@@ -161,7 +176,8 @@ void register_cost_model(py::module_& m) {
     m.def("head_fwd_flops", &head_fwd_flops, py::arg("model"), py::arg("seq_len"),
           py::arg("micro_batch"));
     m.def("block_activation_bytes", &block_activation_bytes, py::arg("model"), py::arg("params"),
-          py::arg("seq_len"), py::arg("micro_batch"), py::arg("tp"));
+          py::arg("seq_len"), py::arg("micro_batch"), py::arg("tp"),
+          py::arg("sequence_parallel") = false);
     m.def("ring_allreduce_s", &ring_allreduce_s, py::arg("bytes"), py::arg("k"), py::arg("gbs"),
           py::arg("params"));
     m.def("validate_model", [](const ModelDims& md) { validate(md); }, py::arg("model"));

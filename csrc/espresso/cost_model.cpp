@@ -114,7 +114,7 @@ double head_fwd_flops(const ModelDims& m, std::int64_t seq_len, std::int64_t mic
 }
 
 double block_activation_bytes(const ModelDims& m, const CostParams& p, std::int64_t seq_len,
-                              std::int64_t micro_batch, std::int64_t tp) {
+                              std::int64_t micro_batch, std::int64_t tp, bool sequence_parallel) {
     const double s = d(seq_len), b = d(micro_batch), h = d(m.hidden_size);
     const double f = d(m.ffn_hidden_size), a = d(m.num_heads), t = d(tp);
     const double sb = s * b, act = p.bytes_per_activation;
@@ -130,7 +130,114 @@ double block_activation_bytes(const ModelDims& m, const CostParams& p, std::int6
         // softmax output (+ dropout mask and dropout output)
         split += (p.dropout_masks ? (2.0 * act + 1.0) : act) * a * s * sb;
     }
-    return replicated + split / t;
+    return (sequence_parallel ? replicated / t : replicated) + split / t;
+}
+
+double block_bound_flops(const ModelDims& m, const CostParams& p, std::int64_t seq_len,
+                         std::int64_t micro_batch) {
+    const double tokens = d(seq_len) * d(micro_batch);
+    const double attn = 4.0 * tokens * d(seq_len) * d(m.hidden_size);
+    return 2.0 * tokens * block_matmul_params(m) + (p.flash_attention ? 0.5 : 1.0) * attn;
+}
+
+double gemm_efficiency(const GpuSpec& g, const CostParams& p) {
+    return (g.efficiency > 0 ? g.efficiency : p.efficiency) * p.sustained_fraction;
+}
+
+namespace {
+
+// Roofline time of `batch` GEMMs of (m x k) by (k x n) in `bytes` per element: the larger of
+// the tensor-core time at the GPU's matmul efficiency and the time to move the three
+// matrices at the achieved memory bandwidth.
+double gemm_s(double m, double n, double k, double batch, double bytes, const GpuSpec& g,
+              const CostParams& p) {
+    const double flops = 2.0 * m * n * k * batch;
+    const double moved = (m * k + k * n + m * n) * bytes * batch;
+    return std::max(flops / (g.tflops * 1e12 * gemm_efficiency(g, p)),
+                    moved / (g.mem_bandwidth_gbs * kGB * p.memory_bandwidth_efficiency));
+}
+
+double memory_s(double bytes, const GpuSpec& g, const CostParams& p) {
+    return bytes / (g.mem_bandwidth_gbs * kGB * p.memory_bandwidth_efficiency);
+}
+
+}  // namespace
+
+BlockTimes block_times(const ModelDims& m, const GpuSpec& g, const CostParams& p,
+                       const Workload& w, std::int64_t tp) {
+    const double s = d(w.seq_len), b = d(w.micro_batch_size), tokens = s * b;
+    const double h = d(m.hidden_size), f = d(m.ffn_hidden_size), kv = kv_dim(m);
+    const double a = d(m.num_heads), t = d(tp), act = p.bytes_per_activation;
+    // Matmuls of one forward on one TP rank (the backward runs two of each shape).
+    double gemm = gemm_s(tokens, (h + 2.0 * kv) / t, h, 1, act, g, p) +   // QKV
+                  gemm_s(tokens, h, h / t, 1, act, g, p) +                 // output projection
+                  gemm_s(tokens, (m.gated_mlp ? 2.0 : 1.0) * f / t, h, 1, act, g, p) +
+                  gemm_s(tokens, h, f / t, 1, act, g, p);                  // MLP down
+    // The attention core: QK^T and attention over V, per head.
+    const double heads = b * a / t, dh = h / a;
+    double attn_f = 0, attn_b = 0, attn_traffic = 0;
+    if (p.flash_attention) {
+        // One fused kernel: half the score blocks are causally masked and skipped; its
+        // backward runs 5 of the forward's 2 matmuls again (Dao 2023).
+        const double exec = 0.5 * 4.0 * tokens * s * h / t;
+        const double rate = g.tflops * 1e12 *
+                            std::min(p.attention_efficiency * p.sustained_fraction,
+                                     gemm_efficiency(g, p));
+        attn_f = exec / rate;
+        attn_b = 2.5 * attn_f;
+    } else {
+        attn_f = gemm_s(s, s, dh, heads, act, g, p) + gemm_s(s, dh, s, heads, act, g, p);
+        attn_b = 2.0 * attn_f;
+        // Scale-mask-softmax reads and writes the scores; dropout reads them, writes them and
+        // a 1-byte mask.
+        attn_traffic = tokens * (a / t) * s * (2.0 * act + (p.dropout_masks ? 2.0 * act + 1.0 : 0.0));
+    }
+    // Memory-bound element-wise work of one forward: each norm reads and writes its input,
+    // each residual add (with bias and dropout) reads two tensors and writes one (+ a mask);
+    // the MLP activation reads its inputs and writes its output.
+    double replicated = 10.0 * h * act + (p.dropout_masks ? 2.0 * h : 0.0);
+    if (w.sequence_parallel) replicated /= t;
+    const double split = (m.gated_mlp ? 3.0 : 2.0) * f * act / t;
+    const double traffic = tokens * (replicated + split) + attn_traffic;
+    const double elem = memory_s(traffic, g, p);
+    const double attn_elem = memory_s(attn_traffic, g, p);
+
+    const double msg = tokens * h * act;
+    BlockTimes out;
+    out.tp_comm = 2.0 * ring_allreduce_s(msg, tp, g.intra_node_gbs, p);
+    const double fwd = gemm + attn_f + elem;
+    const double bwd = 2.0 * gemm + attn_b + 2.0 * elem;
+    out.fwd = fwd * g.block_fwd_scale + out.tp_comm;
+    out.bwd = bwd * g.block_bwd_scale + out.tp_comm;
+    if (w.recompute == Recompute::Full) {
+        out.recompute = fwd * g.block_fwd_scale + out.tp_comm;
+    } else if (w.recompute == Recompute::Selective) {
+        out.recompute = (attn_f + attn_elem) * g.block_fwd_scale;
+    }
+    return out;
+}
+
+BlockTimes head_times(const ModelDims& m, const GpuSpec& g, const CostParams& p,
+                      const Workload& w, std::int64_t tp) {
+    const double tokens = d(w.seq_len) * d(w.micro_batch_size);
+    const double h = d(m.hidden_size), V = d(m.vocab_size), t = d(tp);
+    const double gemm = gemm_s(tokens, V / t, h, 1, p.bytes_per_activation, g, p);
+    // The final norm, and the loss over the logits: written, then read by the softmax.
+    const double traffic = tokens * (2.0 * h * p.bytes_per_activation +
+                                     2.0 * V / t * p.bytes_per_logit);
+    BlockTimes out;
+    out.fwd = (gemm + memory_s(traffic, g, p)) * g.head_fwd_scale;
+    out.bwd = (2.0 * gemm + memory_s(traffic, g, p)) * g.head_bwd_scale;
+    return out;
+}
+
+StateShards state_shards(Sharding s, std::int64_t dp) {
+    StateShards out;
+    const double k = d(dp);
+    if (s >= Sharding::Zero1) out.optimizer = k;
+    if (s >= Sharding::Zero2) out.grads = k;
+    if (s >= Sharding::Full) out.weights = k;
+    return out;
 }
 
 double ring_allreduce_s(double bytes, std::int64_t k, double gbs, const CostParams& p) {
@@ -162,6 +269,9 @@ void validate(const GpuSpec& g, std::size_t index) {
     const std::string f = "gpus[" + std::to_string(index) + "].";
     if (!std::isfinite(g.memory_gb) || g.memory_gb <= 0 || g.memory_gb > 1e9) {
         bad(f + "memory_gb", g.memory_gb, "in (0, 1e9]");
+    }
+    if (!std::isfinite(g.memory_bytes) || g.memory_bytes < 0 || g.memory_bytes > 1e18) {
+        bad(f + "memory_bytes", g.memory_bytes, "0 (memory_gb) or in (0, 1e18]");
     }
     check_rate(f + "bf16_tflops", g.tflops);
     check_rate(f + "mem_bandwidth_gbs", g.mem_bandwidth_gbs);
@@ -195,6 +305,8 @@ double profile_bwd_fwd_ratio(const GpuSpec& g) {
 
 void validate(const CostParams& p) {
     check_fraction("cost_model.efficiency", p.efficiency, false);
+    check_fraction("cost_model.attention_efficiency", p.attention_efficiency, false);
+    check_fraction("cost_model.sustained_fraction", p.sustained_fraction, false);
     check_pos("cost_model.bytes_per_weight", p.bytes_per_weight);
     check_pos("cost_model.bytes_per_grad", p.bytes_per_grad);
     check_pos("cost_model.bytes_per_activation", p.bytes_per_activation);
@@ -219,8 +331,15 @@ void validate(const Workload& w) {
     if (w.schedule != Schedule::OneFOneB && w.schedule != Schedule::GPipe) {
         bad("schedule", static_cast<double>(static_cast<int>(w.schedule)), "1f1b or gpipe");
     }
-    if (w.recompute != Recompute::None && w.recompute != Recompute::Full) {
-        bad("recompute", static_cast<double>(static_cast<int>(w.recompute)), "none or full");
+    if (w.recompute != Recompute::None && w.recompute != Recompute::Full &&
+        w.recompute != Recompute::Selective) {
+        bad("recompute", static_cast<double>(static_cast<int>(w.recompute)),
+            "none, full or selective");
+    }
+    if (w.sharding != Sharding::None && w.sharding != Sharding::Zero1 &&
+        w.sharding != Sharding::Zero2 && w.sharding != Sharding::Full) {
+        bad("sharding", static_cast<double>(static_cast<int>(w.sharding)),
+            "none, zero1, zero2 or full");
     }
     check_nonneg("optimizer bytes per parameter", w.optimizer_bytes_per_param);
     if (!std::isfinite(w.iterations) || w.iterations < 0 || w.iterations > 1e19) {
@@ -241,51 +360,92 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     const double td = d(tp), L = d(num_layers);
     const bool first = index == 0, last = index == num_stages - 1;
     e.num_layers = num_layers;
+    // The legacy switch `zero1` means at least ZeRO-1.
+    const Sharding sharding = params.zero1 ? std::max(work.sharding, Sharding::Zero1)
+                                           : work.sharding;
+    const StateShards sh = state_shards(sharding, work.dp);
 
     // Parameters and model states.
     e.params = L * block_params(model) + (first ? embedding_params(model) : 0.0) +
                (last ? head_params(model) + final_norm_params(model) : 0.0);
     const double per_gpu = e.params / td;
-    e.weights_bytes = per_gpu * params.bytes_per_weight;
-    e.grads_bytes = per_gpu * params.bytes_per_grad;
-    e.optimizer_bytes = per_gpu * work.optimizer_bytes_per_param /
-                        (params.zero1 ? d(work.dp) : 1.0);
+    e.weights_bytes = per_gpu * params.bytes_per_weight / sh.weights;
+    e.grads_bytes = per_gpu * params.bytes_per_grad / sh.grads;
+    e.optimizer_bytes = per_gpu * work.optimizer_bytes_per_param / sh.optimizer;
 
     // Activations.
     e.in_flight = in_flight(work.schedule, index, num_stages, work.num_microbatches);
-    const double blk_act = block_activation_bytes(model, params, s, b, tp) * g.activation_scale;
+    const double blk_act = block_activation_bytes(model, params, s, b, tp, work.sequence_parallel) *
+                           g.activation_scale;
     if (work.recompute == Recompute::Full) {
-        e.activation_bytes = d(e.in_flight) * L * d(s) * d(b) * d(model.hidden_size) *
-                             params.bytes_per_activation;
+        double input = d(s) * d(b) * d(model.hidden_size) * params.bytes_per_activation;
+        if (work.sequence_parallel) input /= td;
+        e.activation_bytes = d(e.in_flight) * L * input;
         e.transient_bytes = num_layers > 0 ? blk_act : 0.0;
     } else {
         e.activation_bytes = d(e.in_flight) * L * blk_act;
     }
     if (last) e.transient_bytes += d(s) * d(b) * d(model.vocab_size) * params.bytes_per_logit / td;
+    const double blk_w = block_params(model) / td;  // one block's parameters per GPU
+    if (sharding >= Sharding::Full && num_layers > 0) {
+        // Gathered for compute: the block at work and the next one, prefetched.
+        e.transient_bytes += std::min(2.0, L) * blk_w * params.bytes_per_weight;
+    }
+    if (sharding >= Sharding::Zero2 && num_layers > 0) {
+        e.transient_bytes += blk_w * params.bytes_per_grad;  // one block's, before reduce-scatter
+    }
     e.memory_bytes = e.weights_bytes + e.grads_bytes + e.optimizer_bytes + e.activation_bytes +
                      e.transient_bytes;
     e.capacity_bytes = usable_bytes(g, params);
 
     // Compute time per micro-batch.
-    const double blk_flops = block_fwd_flops(model, s, b);
-    const double eff = g.efficiency > 0 ? g.efficiency : params.efficiency;
-    const double rate = g.tflops * 1e12 * eff * td;
     const double head_flops = last ? head_fwd_flops(model, s, b) : 0.0;
-    e.fwd_flops = L * blk_flops + head_flops;
-    const double act_msg = d(s) * d(b) * d(model.hidden_size) * params.bytes_per_activation;
-    const double tp_ar = ring_allreduce_s(act_msg, tp, g.intra_node_gbs, params);
-    // A profile scales each part's compute time (1 when analytic).
-    const double blk_f = L * blk_flops * g.block_fwd_scale / rate;
-    const double blk_b = 2.0 * L * blk_flops * g.block_bwd_scale / rate;
-    e.fwd_s = blk_f + head_flops * g.head_fwd_scale / rate + L * 2.0 * tp_ar;
-    e.bwd_s = blk_b + 2.0 * head_flops * g.head_bwd_scale / rate + L * 2.0 * tp_ar;
-    if (work.recompute == Recompute::Full) e.bwd_s += blk_f + L * 2.0 * tp_ar;
+    e.fwd_flops = L * block_fwd_flops(model, s, b) + head_flops;
+    const BlockTimes blk = block_times(model, g, params, work, tp);
+    const BlockTimes head = last ? head_times(model, g, params, work, tp) : BlockTimes{};
+    e.fwd_s = L * blk.fwd + head.fwd;
+    e.bwd_s = L * (blk.bwd + blk.recompute) + head.bwd;
 
-    // Once per iteration: gradient all-reduce over DP, optimizer step.
-    e.dp_allreduce_s = ring_allreduce_s(e.grads_bytes, work.dp, dp_link_gbs(g, work.dp, tp),
-                                        params);
-    e.optimizer_step_s = per_gpu / (params.zero1 ? d(work.dp) : 1.0) *
-                         params.optimizer_step_bytes_per_param /
+    // Data parallelism: ring collectives over the replicas of this stage's TP rank.
+    const double link = dp_link_gbs(g, work.dp, tp);
+    const double grads_full = per_gpu * params.bytes_per_grad;
+    const double weights_full = per_gpu * params.bytes_per_weight;
+    const double reduce = ring_allreduce_s(grads_full, work.dp, link, params);  // all-reduce
+    const double scatter = 0.5 * reduce;                                        // reduce-scatter
+    const double gather = 0.5 * ring_allreduce_s(weights_full, work.dp, link, params);
+    // Gradients are reduced as the backward of the last micro-batch produces them (DDP's
+    // buckets, Megatron's overlap_grad_reduce): only what outlasts that backward is exposed.
+    const double window = params.overlap_grad_reduce ? e.bwd_s : 0.0;
+    const double M = d(work.num_microbatches);
+    switch (sharding) {
+        case Sharding::None:
+            e.dp_comm_s = reduce;
+            e.dp_allreduce_s = std::max(0.0, reduce - window);
+            break;
+        case Sharding::Zero1:
+            // Reduce-scatter the gradients, step on the shard, all-gather the weights.
+            e.dp_comm_s = scatter + gather;
+            e.dp_allreduce_s = std::max(0.0, scatter - window) + gather;
+            break;
+        case Sharding::Zero2:
+            // Every micro-batch's gradients are reduce-scattered during its backward.
+            e.dp_comm_s = M * scatter + gather;
+            e.bwd_s = std::max(e.bwd_s, scatter);
+            e.dp_allreduce_s = gather;
+            break;
+        case Sharding::Full:
+            // Weights gathered block by block in the forward and again in the backward,
+            // prefetched under the previous block's compute; the first block's gather is
+            // exposed. Gradients reduce-scattered as in ZeRO-2.
+            e.dp_comm_s = M * (2.0 * gather + scatter);
+            if (num_layers > 0) {
+                e.fwd_s = std::max(e.fwd_s, gather) + gather / L;
+                e.bwd_s = std::max(e.bwd_s, gather + scatter) + gather / L;
+            }
+            e.dp_allreduce_s = 0.0;
+            break;
+    }
+    e.optimizer_step_s = per_gpu / sh.optimizer * params.optimizer_step_bytes_per_param /
                          (g.mem_bandwidth_gbs * kGB * params.memory_bandwidth_efficiency);
     return e;
 }
@@ -310,8 +470,12 @@ double boundary_gb(const ModelDims& m, const CostParams& p, const Workload& w,
            d(w.dp) / kGB;
 }
 
+double capacity_bytes(const GpuSpec& g) {
+    return g.memory_bytes > 0 ? g.memory_bytes : g.memory_gb * kGB;
+}
+
 double usable_bytes(const GpuSpec& g, const CostParams& params) {
-    return g.memory_gb * kGB * (1.0 - params.memory_reserve_fraction) - params.reserved_gb * kGB;
+    return capacity_bytes(g) * (1.0 - params.memory_reserve_fraction) - params.reserved_gb * kGB;
 }
 
 double send_s(const GpuSpec& from, const GpuSpec& to, bool one_node, double bytes,
@@ -319,6 +483,26 @@ double send_s(const GpuSpec& from, const GpuSpec& to, bool one_node, double byte
     const double bw = one_node ? from.intra_node_gbs : std::min(from.inter_node_gbs,
                                                                  to.inter_node_gbs);
     return params.link_latency_s + bytes / (bw * kGB * params.link_efficiency);
+}
+
+double p2p_bytes(const ModelDims& m, const CostParams& p, const Workload& w,
+                 std::int64_t tp_from, std::int64_t tp_to) {
+    const double msg = d(w.seq_len) * d(w.micro_batch_size) * d(m.hidden_size) *
+                       p.bytes_per_activation;
+    return p.p2p_scatter_gather ? msg / d(std::max<std::int64_t>(1, std::min(tp_from, tp_to)))
+                                : msg;
+}
+
+void fold_transfers(std::vector<double>& fwd, std::vector<double>& bwd,
+                    std::vector<double>& send_fwd, std::vector<double>& send_bwd) {
+    for (std::size_t i = 0; i + 1 < fwd.size() && i < send_fwd.size(); ++i) {
+        fwd[i] += send_fwd[i];      // sends its activation
+        fwd[i + 1] += send_fwd[i];  // receives it
+        bwd[i + 1] += send_bwd[i];  // sends the gradient back
+        bwd[i] += send_bwd[i];      // receives it
+        send_fwd[i] = 0.0;
+        send_bwd[i] = 0.0;
+    }
 }
 
 std::vector<char> boundaries_in_instance(const std::vector<GpuSpec>& gpus,
@@ -401,8 +585,6 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
 
     EstimateResult r;
     const std::int64_t M = work.num_microbatches;
-    const std::int64_t s = work.seq_len, b = work.micro_batch_size;
-    const double act_msg = d(s) * d(b) * d(model.hidden_size) * params.bytes_per_activation;
 
     // Coverage of the layer ranges.
     std::int64_t expect = 0;
@@ -492,7 +674,8 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
         if (!last) {
             const GpuSpec& gn = gpus[static_cast<std::size_t>(stages[si + 1].gpu)];
             e.send_intra_node = inside[si] != 0;
-            e.send_s = send_s(g, gn, e.send_intra_node, act_msg, params);
+            e.send_s = send_s(g, gn, e.send_intra_node,
+                              p2p_bytes(model, params, work, t, stages[si + 1].tp), params);
             send_f[si] = e.send_s;
             send_b[si] = e.send_s;
         }
@@ -512,6 +695,7 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
         r.hourly_usd += billed_hourly(gpus[g], r.gpus_used[g]);
     }
 
+    if (!params.p2p_overlap) fold_transfers(fwd, bwd, send_f, send_b);
     const PipelineResult pipe = simulate_pipeline(fwd, bwd, send_f, send_b, M, work.schedule);
     r.pipeline_s = pipe.makespan_s;
     r.bubble_fraction = pipe.bubble_fraction;

@@ -10,7 +10,13 @@
 namespace espresso {
 
 enum class Schedule : int { OneFOneB = 0, GPipe = 1 };
-enum class Recompute : int { None = 0, Full = 1 };
+// Full: every block's forward runs again in the backward; Selective: only the attention
+// core (Korthikanti et al. 2022), which keeps every other tensor the block saves.
+enum class Recompute : int { None = 0, Full = 1, Selective = 2 };
+// How a stage's model states are sharded over its data-parallel replicas (ZeRO stages,
+// Rajbhandari et al. 2020): optimizer states (Zero1), plus gradients (Zero2), plus the
+// weights themselves, gathered block by block for compute (Full: FSDP / ZeRO-3).
+enum class Sharding : int { None = 0, Zero1 = 1, Zero2 = 2, Full = 3 };
 
 // Decoder-only transformer, as the Python ModelSpec.
 struct ModelDims {
@@ -30,11 +36,12 @@ struct ModelDims {
 // One GPU type of the catalog, in the units of the catalog contract.
 struct GpuSpec {
     double memory_gb = 0;           // GB (1e9 bytes) per GPU
+    double memory_bytes = 0;        // the card's capacity as the driver reports it; 0: memory_gb GB
     double tflops = 0;              // dense bf16 (fp16) peak, TFLOP/s
     double mem_bandwidth_gbs = 0;   // GB/s
     double intra_node_gbs = 0;      // GB/s per GPU, one direction
     double inter_node_gbs = 0;      // GB/s per GPU, one direction
-    double efficiency = 0;          // achieved fraction of peak; 0: use CostParams
+    double efficiency = 0;          // matmul fraction of peak (MAMF); 0: use CostParams
     double price_per_hour = 0;      // USD per GPU-hour (an instance's price / gpus_per_node)
     std::int64_t count = 0;         // availability, GPUs (whole instances: a multiple of the node)
     std::int64_t gpus_per_node = 1; // GPUs per instance; a plan rents whole instances
@@ -57,7 +64,12 @@ double profile_bwd_fwd_ratio(const GpuSpec& g);
 
 // Every constant of the model, named; defaults are documented in docs/cost-model.md.
 struct CostParams {
-    double efficiency = 0.45;                 // matmul MFU when a GPU type gives none
+    double efficiency = 0.8;                  // matmul fraction of peak (MAMF) when a GPU type gives none
+    double sustained_fraction = 0.8;          // of that, what a training step sustains (calibrated)
+    double attention_efficiency = 0.5;        // fused (flash) attention kernels, fraction of peak
+    bool overlap_grad_reduce = true;          // DP gradient reduction overlaps the backward
+    bool p2p_overlap = true;                  // pipeline sends overlap compute (async)
+    bool p2p_scatter_gather = false;          // each TP rank sends 1/tp of a boundary's tensor
     double bytes_per_weight = 2.0;            // bf16 weights
     double bytes_per_grad = 2.0;              // bf16 grads (4: fp32 accumulation)
     bool zero1 = false;                       // shard optimizer states over DP
@@ -82,6 +94,8 @@ struct Workload {
     std::int64_t global_batch_size = 0;
     Schedule schedule = Schedule::OneFOneB;
     Recompute recompute = Recompute::None;
+    Sharding sharding = Sharding::None;
+    bool sequence_parallel = false;          // TP stages split norms and dropouts by sequence
     double optimizer_bytes_per_param = 12.0;  // fp32 master + Adam m and v
     double iterations = 0;                    // optimizer steps of the job
     double deadline_hours = 0;
@@ -134,7 +148,8 @@ struct StageEstimate {
     std::int64_t in_flight = 0;   // micro-batches whose activations are held
     double send_s = 0;            // activation transfer to the next stage (0 for last)
     bool send_intra_node = false;
-    double dp_allreduce_s = 0;
+    double dp_allreduce_s = 0;    // DP gradient (and parameter) traffic left exposed per step
+    double dp_comm_s = 0;         // all DP traffic per step, before overlap
     double optimizer_step_s = 0;
 };
 
@@ -169,9 +184,40 @@ double final_norm_params(const ModelDims& m);
 double total_params(const ModelDims& m);        // the model's size (tied counted once)
 double block_fwd_flops(const ModelDims& m, std::int64_t seq_len, std::int64_t micro_batch);
 double head_fwd_flops(const ModelDims& m, std::int64_t seq_len, std::int64_t micro_batch);
-// Bytes one block keeps for backward for one micro-batch on one GPU of a TP group.
+// Bytes one block keeps for backward for one micro-batch on one GPU of a TP group (with
+// sequence parallelism the norms' and dropouts' tensors are split over the group too).
 double block_activation_bytes(const ModelDims& m, const CostParams& p, std::int64_t seq_len,
-                              std::int64_t micro_batch, std::int64_t tp);
+                              std::int64_t micro_batch, std::int64_t tp,
+                              bool sequence_parallel = false);
+// FLOPs of one block's forward that run on tensor cores at no more than peak * efficiency:
+// the matmuls and the attention core (half of it under flash attention, which skips the
+// causally masked blocks). Every block forward takes at least this over that rate, which
+// keeps the search's rate bounds admissible.
+double block_bound_flops(const ModelDims& m, const CostParams& p, std::int64_t seq_len,
+                         std::int64_t micro_batch);
+// The matmul efficiency a training step sustains on a GPU type: its measured matmul
+// efficiency (else the cost model's default) times sustained_fraction.
+double gemm_efficiency(const GpuSpec& g, const CostParams& p);
+
+// Time of one block for one micro-batch on one GPU of a TP group of `tp` (docs/cost-model.md,
+// "Compute"): matmuls by the roofline of each GEMM, the attention core, the memory-bound
+// element-wise work, and the tensor-parallel collectives. A profile's factors apply.
+struct BlockTimes {
+    double fwd = 0;        // forward
+    double bwd = 0;        // backward (no recomputation)
+    double recompute = 0;  // what recomputation adds to the backward
+    double tp_comm = 0;    // TP collectives of one forward (inside fwd; the backward has as much)
+};
+BlockTimes block_times(const ModelDims& m, const GpuSpec& g, const CostParams& p,
+                       const Workload& w, std::int64_t tp);
+// The head (final norm, output projection, loss) of one micro-batch on one GPU of a TP group.
+BlockTimes head_times(const ModelDims& m, const GpuSpec& g, const CostParams& p,
+                      const Workload& w, std::int64_t tp);
+// Sharding: the divisor of weights, gradients and optimizer states over dp replicas.
+struct StateShards {
+    double weights = 1, grads = 1, optimizer = 1;
+};
+StateShards state_shards(Sharding s, std::int64_t dp);
 constexpr double kGB = 1e9;  // bytes per GB (catalog units are decimal)
 
 // Ring all-reduce time of `bytes` over `k` members at `gbs` GB/s per member.
@@ -189,8 +235,19 @@ std::int64_t instances_for(const GpuSpec& g, std::int64_t gpus);
 double boundary_gb(const ModelDims& m, const CostParams& p, const Workload& w,
                    std::int64_t num_stages);
 
+// The card's capacity in bytes (memory_bytes, else memory_gb GB).
+double capacity_bytes(const GpuSpec& g);
 // Usable memory of one GPU after the head-room.
 double usable_bytes(const GpuSpec& g, const CostParams& p);
+// Bytes one GPU sends across a pipeline boundary per micro-batch: the boundary's tensor, or
+// with the scatter/gather optimisation (Narayanan et al. 2021, sec. 4.1) 1/tp of it, tp the
+// narrower of the two stages' widths.
+double p2p_bytes(const ModelDims& m, const CostParams& p, const Workload& w,
+                 std::int64_t tp_from, std::int64_t tp_to);
+// Blocking pipeline transfers (p2p_overlap off): every stage's operations also carry the
+// transfers they receive and send, and no delay is left between stages.
+void fold_transfers(std::vector<double>& fwd, std::vector<double>& bwd,
+                    std::vector<double>& send_fwd, std::vector<double>& send_bwd);
 // Time of one activation (or gradient) message between neighbouring stages.
 double send_s(const GpuSpec& from, const GpuSpec& to, bool one_node, double bytes,
               const CostParams& p);

@@ -178,9 +178,6 @@ private:
                 }
             }
         }
-        const double msg = static_cast<double>(work_.seq_len) *
-                           static_cast<double>(work_.micro_batch_size) *
-                           static_cast<double>(model_.hidden_size) * params_.bytes_per_activation;
         // Transfers between groups: over the network, or (neighbours of one type) possibly
         // inside an instance, which the layout of the whole sequence decides. The bounds take
         // the least; leaves compute the exact ones (leaf()).
@@ -194,8 +191,11 @@ private:
                 const auto ac = static_cast<std::size_t>(a * k_ + c);
                 const GpuSpec& ga = gpus_[static_cast<std::size_t>(distinct_[static_cast<std::size_t>(a)].gpu)];
                 const GpuSpec& gc = gpus_[static_cast<std::size_t>(distinct_[static_cast<std::size_t>(c)].gpu)];
-                inter_[ac] = send_s(ga, gc, false, msg, params_);
-                intra_[ac] = send_s(ga, gc, true, msg, params_);
+                const double bytes = p2p_bytes(model_, params_, work_,
+                                               distinct_[static_cast<std::size_t>(a)].tp,
+                                               distinct_[static_cast<std::size_t>(c)].tp);
+                inter_[ac] = send_s(ga, gc, false, bytes, params_);
+                intra_[ac] = send_s(ga, gc, true, bytes, params_);
                 // One instance holds both only when each stage sits whole in it.
                 const StageGroup& sa = distinct_[static_cast<std::size_t>(a)];
                 const StageGroup& sc = distinct_[static_cast<std::size_t>(c)];
@@ -215,7 +215,7 @@ private:
         auto ratio = [&](std::int64_t j) {
             const StageGroup& g = distinct_[static_cast<std::size_t>(j)];
             const GpuSpec& s = gpus_[static_cast<std::size_t>(g.gpu)];
-            const double eff = s.efficiency > 0 ? s.efficiency : params_.efficiency;
+            const double eff = gemm_efficiency(s, params_);
             return s.tflops * eff / (s.block_fwd_scale + 2 * s.block_bwd_scale) / s.memory_gb;
         };
         std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t c) {
@@ -497,7 +497,11 @@ private:
         // every leaf within rounding of the limit exact.
         const double cut = cutoff() * (1.0 + kSlack);
         const double limit = std::min(cut, best_iter_) - armax - optmax;
-        const double makespan = pipeline_makespan(f, b, c, c, M_, work_.schedule,
+        std::vector<double> c_b = c;
+        // Blocking transfers run inside the stages' operations (the bounds, which treat them
+        // as delays, stay below: folding only lengthens operations).
+        if (!params_.p2p_overlap) fold_transfers(f, b, c, c_b);
+        const double makespan = pipeline_makespan(f, b, c, c_b, M_, work_.schedule,
                                                   limit + 1e-9 * std::abs(limit) + 1e-300);
         const double iter = makespan + armax + optmax;
         if (iter <= cut && iter < best_iter_) {

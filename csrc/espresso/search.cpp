@@ -120,7 +120,7 @@ PlanKey key_of(const SearchPlan& p) {
         st.insert(st.end(), {s.gpu, s.tp, s.layer_begin, s.layer_end});
     }
     return {p.objective, gpus, p.estimate.iteration_s, p.work.dp, p.work.micro_batch_size,
-            static_cast<int>(p.work.recompute), st};
+            static_cast<int>(p.work.recompute) * 4 + static_cast<int>(p.work.sharding), st};
 }
 
 class Search {
@@ -183,7 +183,7 @@ private:
         widths_.resize(gpus_.size());
         for (std::int64_t t = 0; t < n; ++t) {
             const GpuSpec& g = gpus_[static_cast<std::size_t>(t)];
-            const double eff = g.efficiency > 0 ? g.efficiency : params_.efficiency;
+            const double eff = gemm_efficiency(g, params_);
             // With a profile, the fastest of its parts: no FLOP runs faster, so the bounds
             // built on rate_ stay admissible.
             rate_[static_cast<std::size_t>(t)] = g.tflops * 1e12 * eff / profile_min_time_scale(g);
@@ -259,87 +259,125 @@ private:
                 if (b < 1 || B % b != 0) continue;
                 for (std::int64_t dp = 1; dp <= std::min(B / b, opt_.max_dp); ++dp) {
                     if ((B / b) % dp != 0) continue;
-                    if (sw.expired(1)) return;
-                    Combo c;
-                    c.work = job_;
-                    c.work.micro_batch_size = b;
-                    c.work.dp = dp;
-                    c.work.num_microbatches = B / b / dp;
-                    c.work.recompute = rc;
-                    c.work.schedule = opt_.schedule;
-                    if (c.work.num_microbatches > kMaxMicrobatches) continue;
-                    const double blk = block_fwd_flops(model_, job_.seq_len, b);
-                    const double head = head_fwd_flops(model_, job_.seq_len, b);
-                    c.flops_mb = L * blk * (rc == Recompute::Full ? 4.0 : 3.0) + 3.0 * head;
-                    c.block_flops = blk * (rc == Recompute::Full ? 4.0 : 3.0);
-                    c.head_flops = 3.0 * head;
-                    const double iter_flops = d(c.work.num_microbatches) * c.flops_mb;
-                    c.c0 = job_.iterations / 3600.0 * d(dp) * iter_flops;
-                    c.t0 = job_.iterations / 3600.0 * iter_flops;
-                    c.rate_min = opt_.enforce_deadline && opt_.prune_deadline
-                                     ? job_.iterations * iter_flops / (3600.0 * job_.deadline_hours)
-                                     : 0.0;
-                    const double iter_blocks = d(c.work.num_microbatches) * L * c.block_flops;
-                    c.c0_blocks = job_.iterations / 3600.0 * d(dp) * iter_blocks;
-                    c.t0_blocks = job_.iterations / 3600.0 * iter_blocks;
-                    c.block_rate_min = opt_.enforce_deadline && opt_.prune_deadline
-                                           ? job_.iterations * iter_blocks / (3600.0 * job_.deadline_hours)
-                                           : 0.0;
-                    const double states = params_.bytes_per_weight + params_.bytes_per_grad +
-                                          job_.optimizer_bytes_per_param / (params_.zero1 ? d(dp) : 1.0);
-                    const double bp = block_params(model_);
-                    if (dp > 1) {
-                        // The cost model's ring all-reduce of one block's gradients over a
-                        // 1 GB/s link, split into its latency and its per-GB/s part.
-                        c.lat_ar = 2.0 * d(dp - 1) * params_.link_latency_s;
-                        c.k_ar = ring_allreduce_s(bp * params_.bytes_per_grad, dp, 1.0, params_) -
-                                 c.lat_ar;
-                    }
-                    c.k_opt = bp / (params_.zero1 ? d(dp) : 1.0) *
-                              params_.optimizer_step_bytes_per_param /
-                              (kGB * params_.memory_bandwidth_efficiency);
-                    c.need_bytes = total_params(model_) * states +
-                                   L * d(job_.seq_len) * d(b) * d(model_.hidden_size) *
-                                       params_.bytes_per_activation * min_act_scale_;
-                    c.suffix_rate.assign(order_.size() + 1, 0.0);
-                    c.suffix_cap.assign(order_.size() + 1, 0.0);
-                    for (std::size_t p = order_.size(); p-- > 0;) {
-                        const auto t = static_cast<std::size_t>(order_[p]);
-                        const double per_replica = d(gpus_[t].count / dp);
-                        c.suffix_rate[p] = c.suffix_rate[p + 1] + per_replica * rate_[t];
-                        c.suffix_cap[p] = c.suffix_cap[p + 1] + per_replica * cap_[t];
-                    }
-                    c.max_layers.resize(gpus_.size());
-                    c.max_layers_k.resize(gpus_.size());
-                    c.kin = c.work.schedule == Schedule::GPipe
-                                ? 1
-                                : std::max<std::int64_t>(1, std::min(std::min(opt_.max_stages, model_.num_layers),
-                                                                    c.work.num_microbatches));
-                    Workload lenient = c.work;
-                    lenient.schedule = Schedule::GPipe;
-                    lenient.num_microbatches = 1;
-                    for (const std::int64_t t : order_) {
-                        if (sw.expired(16)) return;
-                        const auto st = static_cast<std::size_t>(t);
-                        for (const std::int64_t w : widths_[st]) {
-                            // Memory grows with the blocks held: the most that fit, by bisection.
-                            auto fits = [&](std::int64_t n) {
-                                const StageEstimate e = stage_cost(model_, gpus_[st], params_, lenient,
-                                                                   w, n, 1, 3);
-                                return e.memory_bytes <= e.capacity_bytes;
-                            };
-                            std::int64_t lo = 0, hi = model_.num_layers;  // fits(lo) (or lo = 0)
-                            while (lo < hi) {
-                                const std::int64_t mid = lo + (hi - lo + 1) / 2;
-                                if (fits(mid)) lo = mid;
-                                else hi = mid - 1;
-                            }
-                            c.max_layers[st].push_back(lo);
-                            c.max_layers_k[st].push_back(layers_in_flight(c, st, w, lo));
+                    // Sharding levels, each once: with one replica they are all the same,
+                    // and the legacy zero1 switch makes None and Zero1 the same.
+                    std::vector<Sharding> levels;
+                    for (const Sharding want : opt_.sharding) {
+                        Sharding sh = dp == 1 ? Sharding::None : want;
+                        if (params_.zero1 && dp > 1) sh = std::max(sh, Sharding::Zero1);
+                        if (std::find(levels.begin(), levels.end(), sh) == levels.end()) {
+                            levels.push_back(sh);
                         }
                     }
-                    prepare_options(c);
-                    combos_.push_back(std::move(c));
+                    for (const Sharding sh : levels) {
+                        if (sw.expired(1)) return;
+                        Combo c;
+                        c.work = job_;
+                        c.work.micro_batch_size = b;
+                        c.work.dp = dp;
+                        c.work.num_microbatches = B / b / dp;
+                        c.work.recompute = rc;
+                        c.work.schedule = opt_.schedule;
+                        c.work.sharding = sh;
+                        if (c.work.num_microbatches > kMaxMicrobatches) continue;
+                        // The FLOPs every block's forward runs at no more than peak x
+                        // efficiency (a selective recomputation adds at least nothing).
+                        const double blk = block_bound_flops(model_, params_, job_.seq_len, b);
+                        const double head = head_fwd_flops(model_, job_.seq_len, b);
+                        c.flops_mb = L * blk * (rc == Recompute::Full ? 4.0 : 3.0) + 3.0 * head;
+                        c.block_flops = blk * (rc == Recompute::Full ? 4.0 : 3.0);
+                        c.head_flops = 3.0 * head;
+                        const double iter_flops = d(c.work.num_microbatches) * c.flops_mb;
+                        c.c0 = job_.iterations / 3600.0 * d(dp) * iter_flops;
+                        c.t0 = job_.iterations / 3600.0 * iter_flops;
+                        c.rate_min = opt_.enforce_deadline && opt_.prune_deadline
+                                         ? job_.iterations * iter_flops / (3600.0 * job_.deadline_hours)
+                                         : 0.0;
+                        const double iter_blocks = d(c.work.num_microbatches) * L * c.block_flops;
+                        c.c0_blocks = job_.iterations / 3600.0 * d(dp) * iter_blocks;
+                        c.t0_blocks = job_.iterations / 3600.0 * iter_blocks;
+                        c.block_rate_min = opt_.enforce_deadline && opt_.prune_deadline
+                                               ? job_.iterations * iter_blocks / (3600.0 * job_.deadline_hours)
+                                               : 0.0;
+                        const StateShards shards = state_shards(sh, dp);
+                        const double states = params_.bytes_per_weight / shards.weights +
+                                              params_.bytes_per_grad / shards.grads +
+                                              job_.optimizer_bytes_per_param / shards.optimizer;
+                        const double bp = block_params(model_);
+                        if (dp > 1) {
+                            // What of the cost model's DP traffic is surely exposed, for one
+                            // block over a 1 GB/s link, split into its latency and its per-GB/s
+                            // part: the gradients' all-reduce (or reduce-scatter) unless it
+                            // overlaps the backward, and ZeRO's all-gather of the weights after
+                            // the step. FSDP's traffic can hide entirely under compute.
+                            const double lat = 2.0 * d(dp - 1) * params_.link_latency_s;
+                            const double grads = ring_allreduce_s(bp * params_.bytes_per_grad, dp, 1.0, params_) - lat;
+                            const double weights = ring_allreduce_s(bp * params_.bytes_per_weight, dp, 1.0, params_) - lat;
+                            const bool hidden = params_.overlap_grad_reduce;
+                            switch (sh) {
+                                case Sharding::None:
+                                    if (!hidden) c.k_ar = grads, c.lat_ar = lat;
+                                    break;
+                                case Sharding::Zero1:
+                                    c.k_ar = 0.5 * weights + (hidden ? 0.0 : 0.5 * grads);
+                                    c.lat_ar = hidden ? 0.5 * lat : lat;
+                                    break;
+                                case Sharding::Zero2:
+                                    c.k_ar = 0.5 * weights, c.lat_ar = 0.5 * lat;
+                                    break;
+                                case Sharding::Full:
+                                    break;
+                            }
+                        }
+                        c.k_opt = bp / shards.optimizer *
+                                  params_.optimizer_step_bytes_per_param /
+                                  (kGB * params_.memory_bandwidth_efficiency);
+                        // Activations: at least each block's input (split over the widest TP
+                        // group under sequence parallelism).
+                        const double input_split = job_.sequence_parallel ? d(opt_.max_tp) : 1.0;
+                        c.need_bytes = total_params(model_) * states +
+                                       L * d(job_.seq_len) * d(b) * d(model_.hidden_size) *
+                                           params_.bytes_per_activation * min_act_scale_ / input_split;
+                        c.suffix_rate.assign(order_.size() + 1, 0.0);
+                        c.suffix_cap.assign(order_.size() + 1, 0.0);
+                        for (std::size_t p = order_.size(); p-- > 0;) {
+                            const auto t = static_cast<std::size_t>(order_[p]);
+                            const double per_replica = d(gpus_[t].count / dp);
+                            c.suffix_rate[p] = c.suffix_rate[p + 1] + per_replica * rate_[t];
+                            c.suffix_cap[p] = c.suffix_cap[p + 1] + per_replica * cap_[t];
+                        }
+                        c.max_layers.resize(gpus_.size());
+                        c.max_layers_k.resize(gpus_.size());
+                        c.kin = c.work.schedule == Schedule::GPipe
+                                    ? 1
+                                    : std::max<std::int64_t>(1, std::min(std::min(opt_.max_stages, model_.num_layers),
+                                                                        c.work.num_microbatches));
+                        Workload lenient = c.work;
+                        lenient.schedule = Schedule::GPipe;
+                        lenient.num_microbatches = 1;
+                        for (const std::int64_t t : order_) {
+                            if (sw.expired(16)) return;
+                            const auto st = static_cast<std::size_t>(t);
+                            for (const std::int64_t w : widths_[st]) {
+                                // Memory grows with the blocks held: the most that fit, by bisection.
+                                auto fits = [&](std::int64_t n) {
+                                    const StageEstimate e = stage_cost(model_, gpus_[st], params_, lenient,
+                                                                       w, n, 1, 3);
+                                    return e.memory_bytes <= e.capacity_bytes;
+                                };
+                                std::int64_t lo = 0, hi = model_.num_layers;  // fits(lo) (or lo = 0)
+                                while (lo < hi) {
+                                    const std::int64_t mid = lo + (hi - lo + 1) / 2;
+                                    if (fits(mid)) lo = mid;
+                                    else hi = mid - 1;
+                                }
+                                c.max_layers[st].push_back(lo);
+                                c.max_layers_k[st].push_back(layers_in_flight(c, st, w, lo));
+                            }
+                        }
+                        prepare_options(c);
+                        combos_.push_back(std::move(c));
+                    }
                 }
             }
         }
@@ -765,8 +803,8 @@ private:
     // over a link of at most `bw` GB/s, as the cost model's send_s charges it.
     double send_lb(const Combo& c, double bw) const {
         if (!(bw > 0)) return 0.0;
-        const double msg = d(job_.seq_len) * d(c.work.micro_batch_size) *
-                           d(model_.hidden_size) * params_.bytes_per_activation;
+        // Scatter/gather sends 1/tp of the tensor: at most the widest TP group's share.
+        const double msg = p2p_bytes(model_, params_, c.work, opt_.max_tp, opt_.max_tp);
         return (params_.link_latency_s + msg / (bw * kGB * params_.link_efficiency)) *
                (1 - 1e-12);
     }
@@ -1459,6 +1497,18 @@ void check_options(const SearchOptions& o) {
         if (b < 1 || b > (1 << 24)) throw std::invalid_argument("micro_batch_sizes: each must be in [1, 2^24]");
     }
     if (o.recompute.empty()) throw std::invalid_argument("recompute options must not be empty");
+    for (const Recompute r : o.recompute) {
+        if (r != Recompute::None && r != Recompute::Full && r != Recompute::Selective) {
+            throw std::invalid_argument("recompute options must be none, full or selective");
+        }
+    }
+    if (o.sharding.empty()) throw std::invalid_argument("sharding options must not be empty");
+    for (const Sharding sh : o.sharding) {
+        if (sh != Sharding::None && sh != Sharding::Zero1 && sh != Sharding::Zero2 &&
+            sh != Sharding::Full) {
+            throw std::invalid_argument("sharding options must be none, zero1, zero2 or full");
+        }
+    }
     if (o.max_stages < 1 || o.max_stages > kMaxStages) {
         throw std::invalid_argument("max_stages must be in [1, " + std::to_string(kMaxStages) + "]");
     }

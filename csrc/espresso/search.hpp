@@ -40,6 +40,7 @@ struct SharedIncumbent {
 struct SearchOptions {
     std::vector<std::int64_t> micro_batch_sizes{1, 2, 4, 8};
     std::vector<Recompute> recompute{Recompute::None, Recompute::Full};
+    std::vector<Sharding> sharding{Sharding::None};  // levels to try (dp 1: None only)
     Schedule schedule = Schedule::OneFOneB;
     std::int64_t max_stages = 8;        // pipeline depth at most
     std::int64_t max_tp = 8;            // tensor-parallel width at most (powers of two)

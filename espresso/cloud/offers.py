@@ -111,7 +111,8 @@ class Offer:
                                  else self.spot_price_per_hour / n),
             count=self.instances * n, gpus_per_node=n,
             intra_node_gbs=self.intra_gbs or spec.intra_node_gbs, inter_node_gbs=network,
-            efficiency=spec.efficiency, provider=self.provider, region=self.region,
+            efficiency=spec.efficiency, memory_bytes=spec.memory_bytes,
+            provider=self.provider, region=self.region,
             zones=self.zones, instance_type=self.instance_type, network_source=net_src)
 
 

@@ -29,6 +29,11 @@ class GpuSpec:
     intra_node_gbs: float
     """Per-GPU, one-direction link between the GPUs of one multi-GPU instance."""
     efficiency: float | None = None
+    """Measured matrix-multiply fraction of peak (MAMF / peak); the cost model's default
+    applies when absent."""
+    memory_bytes: float | None = None
+    """The card's capacity as the driver reports it (``nvidia-smi`` memory.total); absent:
+    ``memory_gb`` GB."""
     aliases: tuple[str, ...] = ()
     """SkyPilot accelerator names of this model."""
     bf16: bool = True
@@ -45,6 +50,9 @@ class GpuSpec:
         if self.efficiency is not None:
             set_(self, "efficiency", v.number(f"spec {name!r}: efficiency", self.efficiency,
                                               minimum=1e-6, maximum=1.0, err=CatalogError))
+        if self.memory_bytes is not None:
+            set_(self, "memory_bytes", v.number(f"spec {name!r}: memory_bytes", self.memory_bytes,
+                                                positive=True, maximum=1e15, err=CatalogError))
         set_(self, "aliases", tuple(v.string(f"spec {name!r}: aliases[]", a, err=CatalogError)
                                     for a in self.aliases))
         set_(self, "bf16", v.boolean(f"spec {name!r}: bf16", self.bf16, err=CatalogError))

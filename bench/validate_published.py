@@ -1,0 +1,167 @@
+"""The cost model against published large training runs.
+
+    python bench/validate_published.py [--runs bench/published_runs.yaml] [--json OUT]
+
+Each run of ``published_runs.yaml`` (papers and official logs that state the model, the
+GPUs, TP/PP/DP, batch, sequence and measured throughput; every figure cited there) is
+rebuilt exactly as published as an ``espresso.Plan`` through the public API, estimated,
+and compared: predicted vs published seconds per step, the error, and the peak memory per
+GPU against the usable memory (every published configuration ran, so each must fit).
+Exit status 1 when the error targets of issue 13 (median |error| <= 10%, none above 20%,
+all feasible) are not met, so the script can gate a change to the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import espresso as es
+from espresso.cloud.specs import SpecTable
+
+HERE = Path(__file__).parent
+MEDIAN_TARGET, MAX_TARGET = 0.10, 0.20
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    source: str
+    published_s: float
+    predicted_s: float
+    memory_gb: float
+    capacity_gb: float
+    feasible: bool
+    reasons: tuple[str, ...]
+    breakdown: dict[str, float]
+
+    @property
+    def error(self) -> float:
+        """Signed relative error of the predicted step time (positive: predicted slower)."""
+        return self.predicted_s / self.published_s - 1.0
+
+
+def megatron_flops(m: es.ModelSpec, batch: int, seq: int) -> float:
+    """FLOPs per step as Narayanan et al. 2021 count them (eq. 3, recomputation included)."""
+    h, L, V = m.hidden_size, m.num_layers, m.vocab_size
+    return 96.0 * batch * seq * L * h * h * (1 + seq / (6 * h) + V / (16 * L * h))
+
+
+def published_step_s(run: dict[str, Any], model: es.ModelSpec) -> float:
+    pub = run["published"]
+    if "iteration_s" in pub:
+        return float(pub["iteration_s"])
+    if "tflops_per_gpu" in pub:
+        flops = megatron_flops(model, run["global_batch"], run["seq_len"])
+        return flops / (run["gpus"] * pub["tflops_per_gpu"] * 1e12)
+    if "tokens_per_s_per_gpu" in pub:
+        return run["global_batch"] * run["seq_len"] / (run["gpus"] * pub["tokens_per_s_per_gpu"])
+    msg = f"run {run['id']}: unknown published metric {sorted(pub)}"
+    raise ValueError(msg)
+
+
+def build(run: dict[str, Any], data: dict[str, Any]) -> tuple[es.Plan, es.Catalog]:
+    """The plan and one-row catalog of a published run, as published."""
+    ref = run["model"]
+    if ref in data["models"]:
+        model = es.ModelSpec.from_dict(data["models"][ref], name=ref)
+    else:
+        model = es.ModelSpec.preset(ref)
+    # The GPU as Espresso's built-in spec table has it (peak, memory, measured matmul
+    # efficiency); the network is the run's cluster.
+    spec = SpecTable.builtin()[run["gpu"]]
+    net = data["networks"][run["network"]]
+    catalog = es.Catalog(gpus=(es.GpuType(
+        name=run["gpu"], memory_gb=spec.memory_gb, memory_bytes=spec.memory_bytes,
+        bf16_tflops=spec.bf16_tflops, mem_bandwidth_gbs=spec.mem_bandwidth_gbs,
+        efficiency=spec.efficiency, price_per_hour=1.0, count=run["gpus"],
+        gpus_per_node=run.get("gpus_per_node", 8), intra_node_gbs=spec.intra_node_gbs,
+        inter_node_gbs=net["inter_node_gbs"]),))
+    tp, pp = run["tp"], run["pp"]
+    dp = run["gpus"] // (tp * pp)
+    if dp * tp * pp != run["gpus"]:
+        msg = f"run {run['id']}: {run['gpus']} GPUs is not a multiple of tp {tp} x pp {pp}"
+        raise ValueError(msg)
+    counts = run.get("layers")
+    if counts is None:
+        base, extra = divmod(model.num_layers, pp)
+        counts = [base + (1 if i < extra else 0) for i in range(pp)]
+    bounds, start = [], 0
+    for n in counts:
+        bounds.append((start, start + n))
+        start += n
+    if start != model.num_layers:
+        msg = f"run {run['id']}: layers {counts} sum to {start}, not {model.num_layers}"
+        raise ValueError(msg)
+    job = es.Job(model=model, seq_len=run["seq_len"], global_batch_size=run["global_batch"],
+                 iterations=1, deadline_hours=1e9)
+    mb = run["micro_batch"]
+    plan = es.Plan(job=job, stages=tuple(es.Stage(gpu=run["gpu"], tp=tp, layers=b)
+                                        for b in bounds),
+                   dp=dp, micro_batch_size=mb, num_microbatches=run["global_batch"] // (dp * mb),
+                   schedule="1f1b", recompute=run["recompute"], sharding=run["sharding"],
+                   cost_model=es.CostParams(**data["sources"][run["source"]].get("framework", {})),
+                   sequence_parallel=bool(run.get("sequence_parallel", False)))
+    return plan, catalog
+
+
+def evaluate(data: dict[str, Any]) -> list[Row]:
+    rows = []
+    for run in data["runs"]:
+        plan, catalog = build(run, data)
+        est = es.estimate(plan, catalog)
+        peak = max(est.stages, key=lambda s: s.memory_gb)
+        rows.append(Row(
+            id=run["id"], source=run["source"],
+            published_s=published_step_s(run, plan.job.model), predicted_s=est.iteration_s,
+            memory_gb=peak.memory_gb, capacity_gb=peak.capacity_gb, feasible=est.feasible,
+            reasons=est.reasons,
+            breakdown={"pipeline_s": est.pipeline_s, "dp_allreduce_s": est.dp_allreduce_s,
+                       "optimizer_step_s": est.optimizer_step_s,
+                       "bubble": est.bubble_fraction}))
+    return rows
+
+
+def report(rows: list[Row]) -> tuple[str, bool]:
+    lines = [f"{'run':22} {'published s':>11} {'predicted s':>11} {'error':>7} "
+             f"{'memory GB':>9} {'usable':>7}  source"]
+    for r in rows:
+        lines.append(f"{r.id:22} {r.published_s:11.2f} {r.predicted_s:11.2f} "
+                     f"{r.error:+7.1%} {r.memory_gb:9.1f} {r.capacity_gb:7.1f}  {r.source}"
+                     + ("" if r.feasible else "  INFEASIBLE: " + "; ".join(r.reasons)))
+    errs = [abs(r.error) for r in rows]
+    med, worst = statistics.median(errs), max(errs)
+    infeasible = [r.id for r in rows if not r.feasible]
+    sources = len({r.source for r in rows})
+    lines.append(f"{len(rows)} runs from {sources} sources: median |error| {med:.1%} "
+                 f"(target {MEDIAN_TARGET:.0%}), max {worst:.1%} (target {MAX_TARGET:.0%}), "
+                 f"{len(rows) - len(infeasible)}/{len(rows)} fit in memory")
+    ok = med <= MEDIAN_TARGET and worst <= MAX_TARGET and not infeasible
+    return "\n".join(lines), ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=Path, default=HERE / "published_runs.yaml")
+    ap.add_argument("--json", type=Path, help="also write the rows as JSON")
+    args = ap.parse_args(argv)
+    data = yaml.safe_load(args.runs.read_text())
+    rows = evaluate(data)
+    text, ok = report(rows)
+    if args.json:
+        args.json.write_text(json.dumps(
+            [{**r.__dict__, "error": r.error, "reasons": list(r.reasons)} for r in rows],
+            indent=2))
+    print(text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
