@@ -9,6 +9,13 @@ class Schedule(Enum):
 class Recompute(Enum):
     NONE = 0
     FULL = 1
+    SELECTIVE = 2
+
+class Sharding(Enum):
+    NONE = 0
+    ZERO1 = 1
+    ZERO2 = 2
+    FULL = 3
 
 class IssueKind(Enum):
     LAYERS_NOT_COVERED = 0
@@ -36,6 +43,7 @@ class ModelDims:
 
 class GpuSpec:
     memory_gb: float
+    memory_bytes: float
     tflops: float
     mem_bandwidth_gbs: float
     intra_node_gbs: float
@@ -53,6 +61,11 @@ class GpuSpec:
 
 class CostParams:
     efficiency: float
+    sustained_fraction: float
+    attention_efficiency: float
+    overlap_grad_reduce: bool
+    p2p_overlap: bool
+    p2p_scatter_gather: bool
     bytes_per_weight: float
     bytes_per_grad: float
     zero1: bool
@@ -76,6 +89,8 @@ class Workload:
     global_batch_size: int
     schedule: Schedule
     recompute: Recompute
+    sharding: Sharding
+    sequence_parallel: bool
     optimizer_bytes_per_param: float
     iterations: float
     deadline_hours: float
@@ -121,6 +136,7 @@ class StageEstimate:
     send_s: float
     send_intra_node: bool
     dp_allreduce_s: float
+    dp_comm_s: float
     optimizer_step_s: float
 
 class EstimateResult:
@@ -158,7 +174,10 @@ def total_params(model: ModelDims) -> float: ...
 def block_fwd_flops(model: ModelDims, seq_len: int, micro_batch: int) -> float: ...
 def head_fwd_flops(model: ModelDims, seq_len: int, micro_batch: int) -> float: ...
 def block_activation_bytes(model: ModelDims, params: CostParams, seq_len: int,
-                           micro_batch: int, tp: int) -> float: ...
+                           micro_batch: int, tp: int,
+                           sequence_parallel: bool = False) -> float: ...
+def block_bound_flops(model: ModelDims, params: CostParams, seq_len: int,
+                      micro_batch: int) -> float: ...
 def ring_allreduce_s(bytes: float, k: int, gbs: float, params: CostParams) -> float: ...
 def validate_model(model: ModelDims) -> None: ...
 def validate_cost_params(params: CostParams) -> None: ...
@@ -218,6 +237,7 @@ class Objective(Enum):
 class SearchOptions:
     micro_batch_sizes: list[int]
     recompute: list[Recompute]
+    sharding: list[Sharding]
     schedule: Schedule
     max_stages: int
     max_tp: int

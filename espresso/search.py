@@ -18,9 +18,9 @@ from .catalog import Catalog, GpuType
 from .cloud.domains import SCOPES, Subproblem, apply_crossing, locations_of, subproblems
 from .cost import CostParams
 from .errors import EspressoError, SpecError
-from .estimate import _workload, estimate
+from .estimate import RECOMPUTE_CORE, SHARDING_CORE, _workload, estimate
 from .job import Job
-from .plan import RECOMPUTE, SCHEDULES, Plan, Stage
+from .plan import RECOMPUTE, SCHEDULES, SHARDING, Plan, Stage
 from .profile import apply_profiles, as_profiles
 from .progress import DEFAULT_TIME_LIMIT_S, SearchProgress, TimeBudget
 from .units import format_hours as _hours
@@ -109,7 +109,7 @@ def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | 
              threads: int | None, top_k: int, max_stages: int, max_tp: int,
              micro_batch_sizes: Iterable[int], recompute: Iterable[str], schedule: str,
              enforce_deadline: bool, prune: dict[str, bool] | None,
-             max_gpu_types: int | None = None) -> Any:
+             max_gpu_types: int | None = None, sharding: Iterable[str] = ("none",)) -> Any:
     o = core.SearchOptions()
     objective = v.choice("objective", objective, ("cost", "time"))
     o.objective = core.Objective.COST if objective == "cost" else core.Objective.TIME
@@ -129,9 +129,14 @@ def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | 
                            for b in mbs]
     rcs = [v.choice("recompute[]", r, RECOMPUTE) for r in recompute]
     if not rcs:
-        msg = "recompute: expected at least one of 'none', 'full', got none"
+        msg = f"recompute: expected at least one of {', '.join(map(repr, RECOMPUTE))}, got none"
         raise SpecError(msg)
-    o.recompute = [core.Recompute.NONE if r == "none" else core.Recompute.FULL for r in rcs]
+    o.recompute = [RECOMPUTE_CORE[r] for r in dict.fromkeys(rcs)]
+    shs = [v.choice("sharding[]", x, SHARDING) for x in sharding]
+    if not shs:
+        msg = f"sharding: expected at least one of {', '.join(map(repr, SHARDING))}, got none"
+        raise SpecError(msg)
+    o.sharding = [SHARDING_CORE[x] for x in dict.fromkeys(shs)]
     schedule = v.choice("schedule", schedule, SCHEDULES)
     o.schedule = core.Schedule.GPIPE if schedule == "gpipe" else core.Schedule.ONE_F_ONE_B
     o.enforce_deadline = enforce_deadline
@@ -145,8 +150,10 @@ def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | 
     return o
 
 
-def _job_workload(job: Job, sp: Subproblem | None = None) -> Any:
+def _job_workload(job: Job, sp: Subproblem | None = None, *,
+                  sequence_parallel: bool = False) -> Any:
     w = core.Workload()
+    w.sequence_parallel = sequence_parallel
     if sp is not None and sp.crossing is not None:
         w.transfer_usd_per_gb = sp.crossing.usd_per_gb
     w.seq_len = job.seq_len
@@ -158,6 +165,9 @@ def _job_workload(job: Job, sp: Subproblem | None = None) -> Any:
     w.num_microbatches = 1
     w.dp = 1
     return w
+
+
+_NAMES = {**{c: n for n, c in RECOMPUTE_CORE.items()}, **{c: n for n, c in SHARDING_CORE.items()}}
 
 
 def _stage(row: GpuType, tp: int, layers: tuple[int, int]) -> Stage:
@@ -172,8 +182,8 @@ def _to_plan(sp: Any, job: Job, catalog: Catalog, rows: Sequence[GpuType], cost:
     plan = Plan(job=job, stages=stages, dp=w.dp, micro_batch_size=w.micro_batch_size,
                 num_microbatches=w.num_microbatches,
                 schedule="gpipe" if w.schedule == core.Schedule.GPIPE else "1f1b",
-                recompute="full" if w.recompute == core.Recompute.FULL else "none",
-                cost_model=cost, stats=stats, domain=domain,
+                recompute=_NAMES[w.recompute], sharding=_NAMES[w.sharding],
+                sequence_parallel=bool(w.sequence_parallel), cost_model=cost, stats=stats, domain=domain,
                 profiles={g: p for g, p in profiles.items() if any(st.gpu == g for st in stages)})
     est = estimate(plan, catalog)
     # The search optimised exactly what estimate() reports.
@@ -187,6 +197,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
            threads: int | None = None, top_k: int = 1, max_stages: int = 8, max_tp: int = 8,
            micro_batch_sizes: Sequence[int] = (1, 2, 4, 8),
            recompute: Sequence[str] = ("none", "full"), schedule: str = "1f1b",
+           sharding: Sequence[str] = SHARDING, sequence_parallel: bool = False,
            cost_model: CostParams | None = None, enforce_deadline: bool = True,
            prune: dict[str, bool] | None = None, profiles: Any = None,
            max_gpu_types: int | None = None, progress: SearchProgress | None = None,
@@ -199,7 +210,9 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     :class:`SearchProgress`) is updated while the search runs and can cancel it.
 
     The space: data-parallel degree (any divisor of the global batch), micro-batch size,
-    recomputation, and pipelines of up to ``max_stages`` stages, each a catalog row (GPU type
+    recomputation (``recompute``: ``none``, ``full``, ``selective``), how model states are
+    sharded over the replicas (``sharding``: ``none``, ``zero1``, ``zero2``, ``fsdp``; all
+    four by default), and pipelines of up to ``max_stages`` stages, each a catalog row (GPU type
     or cloud offer) with a power-of-two tensor-parallel width inside one instance (at most
     ``max_tp``), in any order with any contiguous layer split, within every row's
     availability, paying whole instances. A plan uses one vendor's GPUs and one network
@@ -222,7 +235,8 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         _options, objective=objective, budget_usd=budget_usd, top_k=top_k,
         max_stages=max_stages, max_tp=max_tp, micro_batch_sizes=micro_batch_sizes,
         recompute=recompute, schedule=schedule, enforce_deadline=enforce_deadline,
-        prune=prune, max_gpu_types=max_gpu_types)
+        prune=prune, max_gpu_types=max_gpu_types, sharding=sharding)
+    sequence_parallel = v.boolean("sequence_parallel", sequence_parallel)
     opts = options(time_limit_s=time_limit_s, threads=threads)
     if progress is not None:
         if not isinstance(progress, SearchProgress):
@@ -233,9 +247,11 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     budget = TimeBudget.of(time_limit_s)
     by_cost = opts.objective == core.Objective.COST
     dims = job.model._dims()
-    # FLOPs of the whole job at the least work per sequence (no recomputation): a bound on
-    # every plan's compute, for the bounds that order and cut subproblems.
-    per_seq = 3.0 * (job.model.num_layers * core.block_fwd_flops(dims, job.seq_len, 1)
+    # FLOPs of the whole job at the least work per sequence (no recomputation; flash
+    # attention's causal half skipped): a bound on every plan's compute, for the bounds that
+    # order and cut subproblems.
+    per_seq = 3.0 * (job.model.num_layers * core.block_bound_flops(dims, cost._core(),
+                                                                    job.seq_len, 1)
                      + core.head_fwd_flops(dims, job.seq_len, 1))
     job_flops = float(job.num_iterations) * job.global_batch_size * per_seq
     prepared: list[tuple[float, int, Subproblem, list[GpuType], list[Any]]] = []
@@ -245,7 +261,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         specs = [g._spec() for g in rows]
         apply_profiles(specs, names, catalog, job.model, cost, profs)
         apply_crossing(specs, rows, sp.crossing.link_gbps if sp.crossing else None)
-        rates = [sp_.tflops * 1e12 * (sp_.efficiency or cost.efficiency)
+        rates = [sp_.tflops * 1e12 * (sp_.efficiency or cost.efficiency) * cost.sustained_fraction
                  / min(sp_.block_fwd_scale, sp_.block_bwd_scale, sp_.head_fwd_scale,
                        sp_.head_bwd_scale) for sp_ in specs]
         total_rate = sum(g.count * r for g, r in zip(rows, rates, strict=True))
@@ -310,7 +326,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         with lock:
             o.incumbent = kth()
         try:
-            res = core.search(dims, specs, cost._core(), _job_workload(job, sp), o)
+            res = core.search(dims, specs, cost._core(), _job_workload(job, sp, sequence_parallel=sequence_parallel), o)
         except ValueError as exc:
             msg = f"search: {exc}"
             raise SpecError(msg) from None

@@ -25,12 +25,13 @@ def tiny_model() -> es.ModelSpec:
 
 @pytest.fixture
 def tiny_catalog() -> es.Catalog:
-    # X: 1 GFLOP/s peak at 50% -> 5e8 FLOP/s; Y: 1e9 FLOP/s.
+    # X: 1 GFLOP/s peak at 50% -> 5e8 FLOP/s; Y: 1e9 FLOP/s. Memory bandwidth so large that
+    # memory-bound work takes no measurable time (the hand calculations count FLOPs).
     return es.Catalog(gpus=(
-        es.GpuType(name="X", memory_gb=4, bf16_tflops=0.001, mem_bandwidth_gbs=1,
+        es.GpuType(name="X", memory_gb=4, bf16_tflops=0.001, mem_bandwidth_gbs=1e6,
                    price_per_hour=2, count=8, gpus_per_node=8, intra_node_gbs=10,
                    inter_node_gbs=1, efficiency=0.5),
-        es.GpuType(name="Y", memory_gb=4, bf16_tflops=0.002, mem_bandwidth_gbs=2,
+        es.GpuType(name="Y", memory_gb=4, bf16_tflops=0.002, mem_bandwidth_gbs=2e6,
                    price_per_hour=3, count=8, gpus_per_node=8, intra_node_gbs=10,
                    inter_node_gbs=0.5, efficiency=0.5),
     ))
@@ -38,8 +39,10 @@ def tiny_catalog() -> es.Catalog:
 
 @pytest.fixture
 def exact_links() -> es.CostParams:
-    """No latency, full link and memory bandwidth: easier arithmetic."""
-    return es.CostParams(link_latency_s=0.0, link_efficiency=1.0, memory_bandwidth_efficiency=1.0)
+    """No latency, full link and memory bandwidth, the GPU's efficiency sustained, no
+    overlap of the DP reduction: easier arithmetic."""
+    return es.CostParams(link_latency_s=0.0, link_efficiency=1.0, memory_bandwidth_efficiency=1.0,
+                         sustained_fraction=1.0, overlap_grad_reduce=False)
 
 
 @pytest.fixture

@@ -178,6 +178,8 @@ void register_cost_model(py::module_& m) {
     m.def("block_activation_bytes", &block_activation_bytes, py::arg("model"), py::arg("params"),
           py::arg("seq_len"), py::arg("micro_batch"), py::arg("tp"),
           py::arg("sequence_parallel") = false);
+    m.def("block_bound_flops", &block_bound_flops, py::arg("model"), py::arg("params"),
+          py::arg("seq_len"), py::arg("micro_batch"));
     m.def("ring_allreduce_s", &ring_allreduce_s, py::arg("bytes"), py::arg("k"), py::arg("gbs"),
           py::arg("params"));
     m.def("validate_model", [](const ModelDims& md) { validate(md); }, py::arg("model"));

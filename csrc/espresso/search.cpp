@@ -593,16 +593,24 @@ private:
     // bottleneck tau (per micro-batch) is the least tau at which every stage can take at
     // least one block and together they take all L, each at most min(tau / t_i, its memory
     // limit) blocks, t_i = block_time (the head and transfers only add).
-    // Time of one block for one micro-batch on a stage of `tp` GPUs of `type`: compute plus
-    // the tensor-parallel all-reduces (2 forward, 2 backward, 2 more when recomputing), as
-    // stage_cost() counts them.
+    // Time of one block for one micro-batch on a stage of `tp` GPUs of `type`.
     double block_time(const Combo& c, std::int64_t type, std::int64_t tp) const {
-        const auto st = static_cast<std::size_t>(type);
-        const double msg = d(c.work.seq_len) * d(c.work.micro_batch_size) *
-                           d(model_.hidden_size) * params_.bytes_per_activation;
-        const double ar = ring_allreduce_s(msg, tp, gpus_[st].intra_node_gbs, params_);
-        const double n_ar = c.work.recompute == Recompute::Full ? 6.0 : 4.0;
-        return c.block_flops / (d(tp) * rate_[st]) + n_ar * ar;
+        // Exactly the cost model's per-block time (stage_cost() charges L of these, then the
+        // head, transfers and sharding traffic can only add).
+        const GpuSpec& g = gpus_[static_cast<std::size_t>(type)];
+        const BlockTimes bt = block_times(model_, g, params_, c.work, tp);
+        const double fwd = bt.fwd, bwd = bt.bwd + bt.recompute;
+        const std::int64_t dp = c.work.dp;
+        if (c.work.sharding < Sharding::Zero2 || dp < 2) return fwd + bwd;
+        // Sharded gradients (and weights) move per micro-batch, under the compute: the
+        // stage's traffic is at least its blocks' share (one collective's latency aside).
+        const double bp = block_params(model_) / d(tp);
+        const double per_byte = 2.0 * d(dp - 1) / d(dp) /
+                                (dp_link_gbs(g, dp, tp) * kGB * params_.link_efficiency);
+        const double scatter = 0.5 * per_byte * bp * params_.bytes_per_grad;
+        if (c.work.sharding == Sharding::Zero2) return fwd + std::max(bwd, scatter);
+        const double gather = 0.5 * per_byte * bp * params_.bytes_per_weight;
+        return std::max(fwd, gather) + std::max(bwd, gather + scatter);
     }
 
     // A node's stages of one (type, width), as the bottleneck bounds see them: block time,
@@ -658,7 +666,9 @@ private:
     // The LM head's forward and backward on a stage of `tp` GPUs of `type`, at the type's
     // fastest rate (no TP all-reduce is charged for it: a lower bound).
     double head_time(const Combo& c, std::int64_t type, std::int64_t tp) const {
-        return c.head_flops / (d(tp) * rate_[static_cast<std::size_t>(type)]);
+        const BlockTimes ht = head_times(model_, gpus_[static_cast<std::size_t>(type)], params_,
+                                         c.work, tp);
+        return ht.fwd + ht.bwd;
     }
 
     // `tau`: the bottleneck when already known (positioned_tau()), else negative: the
