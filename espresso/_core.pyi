@@ -176,6 +176,16 @@ def head_fwd_flops(model: ModelDims, seq_len: int, micro_batch: int) -> float: .
 def block_activation_bytes(model: ModelDims, params: CostParams, seq_len: int,
                            micro_batch: int, tp: int,
                            sequence_parallel: bool = False) -> float: ...
+class BlockTimes:
+    fwd: float
+    bwd: float
+    recompute: float
+    tp_comm: float
+
+def block_times(model: ModelDims, gpu: GpuSpec, params: CostParams, work: Workload,
+                tp: int) -> BlockTimes: ...
+def head_times(model: ModelDims, gpu: GpuSpec, params: CostParams, work: Workload,
+               tp: int) -> BlockTimes: ...
 def block_bound_flops(model: ModelDims, params: CostParams, seq_len: int,
                       micro_batch: int) -> float: ...
 def ring_allreduce_s(bytes: float, k: int, gbs: float, params: CostParams) -> float: ...

@@ -74,17 +74,39 @@ def from_bench(catalog: Catalog, bench: dict[str, Any], gpu: str,
     return _with(catalog, new), changes
 
 
-def from_profile(catalog: Catalog, profile: Profile) -> tuple[Catalog, list[str]]:
-    """The catalog with the profile's GPU type calibrated from its block times."""
+def from_profile(catalog: Catalog, profile: Profile,
+                 cost: CostParams | None = None) -> tuple[Catalog, list[str]]:
+    """The catalog with the profile's GPU type calibrated from its block times: the matmul
+    efficiency at which the cost model's block forward + backward at the profiled shape
+    takes what the profile measured (found by bisection: the time falls as it rises)."""
+    cost = cost or CostParams()
     g = catalog.model_row(profile.gpu)
     model = ModelSpec.from_dict(profile.model)
-    flops = core.block_fwd_flops(model._dims(), profile.seq_len, profile.micro_batch_size)
-    achieved = 3 * flops / (profile.block_fwd_s + profile.block_bwd_s)
-    eff = _efficiency(g.name, achieved / (g.bf16_tflops * 1e12),
-                      f"{achieved / 1e12:.2f} TFLOP/s per block")
+    dims, params = model._dims(), cost._core()
+    w = core.Workload()
+    w.seq_len, w.micro_batch_size = profile.seq_len, profile.micro_batch_size
+    w.num_microbatches, w.dp, w.global_batch_size = 1, 1, profile.micro_batch_size
+    measured = profile.block_fwd_s + profile.block_bwd_s
+
+    def block_s(eff: float) -> float:
+        t = core.block_times(dims, replace(g, efficiency=eff)._spec(), params, w, 1)
+        return float(t.fwd + t.bwd)
+
+    if block_s(1.0) > measured:
+        msg = (f"{g.name}: the profile's block ({measured:.3g} s) is faster than the cost model "
+               f"allows at 100% of {g.bf16_tflops:g} TFLOP/s; is bf16_tflops right for this "
+               "GPU?")
+        raise CatalogError(msg)
+    lo, hi = 1e-6, 1.0  # block_s(lo) >= measured >= block_s(hi)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if block_s(mid) > measured else (lo, mid)
+    eff = _efficiency(g.name, hi, "block time")
+    flops = core.block_fwd_flops(dims, profile.seq_len, profile.micro_batch_size)
+    achieved = 3 * flops / measured
     changes = [f"efficiency {g.efficiency} -> {eff:.4g} ({achieved / 1e12:.2f} of "
                f"{g.bf16_tflops:g} TFLOP/s in {model.name}'s blocks on {profile.device})"]
-    return _with(catalog, replace(g, efficiency=float(f"{eff:.4g}"))), changes
+    return _with(catalog, replace(g, efficiency=float(f"{eff:.6g}"))), changes
 
 
 # ---------------------------------------------------------------------- this machine's CPU

@@ -5,13 +5,14 @@ A :class:`Profile` is plain data (JSON, ``"schema": "espresso.profile/1"``) and 
 torch; measuring one (:func:`profile_model`, :func:`profile_modules`) needs the torch extra.
 
 How a profile enters the cost model: at the profile's own micro-batch size and sequence
-length, the analytic compute time of one block's forward is ``T_f = F / (peak * efficiency)``
-(``F`` its FLOPs); the profile's factors are ``block_fwd_s / T_f`` and ``block_bwd_s / 2 T_f``
-(the same for the head), and ``activation_bytes`` over the analytic stash. The cost model
-multiplies its compute times and stashed activations by them, so at the profiled shape the
-estimate uses the measured numbers exactly, other micro-batch sizes and sequence lengths
-scale with the FLOPs and the activation formula, and tensor parallelism divides the work and
-adds its all-reduces as before (docs/cost-model.md, "Profiles").
+length, the cost model's analytic times of one block's forward and backward on one GPU
+(``T_f``, ``T_b``: matmuls, attention, memory-bound work) give the factors
+``block_fwd_s / T_f`` and ``block_bwd_s / T_b`` (the same for the head), and
+``activation_bytes`` over the analytic stash. The cost model multiplies its compute times
+and stashed activations by them, so at the profiled shape the estimate uses the measured
+numbers exactly, other micro-batch sizes and sequence lengths scale with the analytic times
+and the activation formula, and tensor parallelism divides the work and adds its
+all-reduces as before (docs/cost-model.md, "Profiles").
 """
 
 from __future__ import annotations
@@ -146,19 +147,25 @@ class Profile:
         dims = model._dims()
         s, b = self.seq_len, self.micro_batch_size
         eff = gpu.efficiency if gpu.efficiency is not None else cost.efficiency
-        rate = gpu.bf16_tflops * 1e12 * eff
-        t_blk = core.block_fwd_flops(dims, s, b) / rate
-        t_head = core.head_fwd_flops(dims, s, b) / rate
+        # The analytic times the factors replace: one block and the head at the profile's
+        # shape on one GPU (no TP), without recomputation.
+        w = core.Workload()
+        w.seq_len, w.micro_batch_size = s, b
+        w.num_microbatches, w.dp, w.global_batch_size = 1, 1, b
+        spec, params = gpu._spec(), cost._core()
+        blk = core.block_times(dims, spec, params, w, 1)
+        head = core.head_times(dims, spec, params, w, 1)
         act = core.block_activation_bytes(dims, cost._core(), s, b, 1)
-        out = {"block_fwd_scale": self.block_fwd_s / t_blk,
-               "block_bwd_scale": self.block_bwd_s / (2 * t_blk),
-               "head_fwd_scale": self.head_fwd_s / t_head,
-               "head_bwd_scale": self.head_bwd_s / (2 * t_head),
+        out = {"block_fwd_scale": self.block_fwd_s / blk.fwd,
+               "block_bwd_scale": self.block_bwd_s / blk.bwd,
+               "head_fwd_scale": self.head_fwd_s / head.fwd,
+               "head_bwd_scale": self.head_bwd_s / head.bwd,
                "activation_scale": self.block_activation_bytes / act}
         for k, val in out.items():
             if not 1e-6 <= val <= 1e6:
                 msg = (f"the profile of {self.gpu} implies a {k} of {val:.3g} against the "
-                       f"catalog's {gpu.bf16_tflops} TFLOP/s at {eff:.0%}; expected within "
+                       f"catalog's {gpu.bf16_tflops} TFLOP/s at {eff:.0%} "
+                       f"(x {cost.sustained_fraction:g} sustained); expected within "
                        "[1e-6, 1e6]: is the catalog entry or the profile wrong?")
                 raise ProfileError(msg)
         return out

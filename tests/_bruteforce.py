@@ -1,5 +1,6 @@
 """A plain brute-force planner written only on top of espresso.estimate() and the plan
-contract: every data-parallel degree, micro-batch size, recomputation, multiset of stage
+contract: every data-parallel degree, micro-batch size, recomputation, sharding of the model
+states over the replicas, multiset of stage
 groups (GPU type, power-of-two TP width), stage order and contiguous layer split; a plan
 uses one vendor's GPUs in one location (provider and region), as the search's rules say."""
 
@@ -35,7 +36,8 @@ def multisets(groups: list[tuple[str, int]], max_len: int) -> Iterator[tuple[tup
 
 
 def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[int, ...] = (1, 2),
-                recompute: tuple[str, ...] = ("none", "full"), max_stages: int = 4,
+                recompute: tuple[str, ...] = ("none", "full"),
+                sharding: tuple[str, ...] = ("none", "zero1", "zero2", "fsdp"), max_stages: int = 4,
                 max_tp: int = 8, cost_model: es.CostParams | None = None,
                 profiles: dict[str, es.Profile] | None = None, objective: str = "cost",
                 budget_usd: float = math.inf,
@@ -47,13 +49,13 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
     groups = [(g.name, w) for g in catalog for w in widths(model, g, max_tp)]
     best, best_plan, count = math.inf, None, 0
     B = job.global_batch_size
-    for rc in recompute:
+    for rc, sh in itertools.product(recompute, sharding):
         for b in micro_batch_sizes:
             if B % b:
                 continue
             for dp in range(1, B // b + 1):
-                if (B // b) % dp:
-                    continue
+                if (B // b) % dp or (dp == 1 and sh != sharding[0]):
+                    continue  # one replica: every sharding is the same plan
                 m = B // b // dp
                 for ms in multisets(groups, min(max_stages, model.num_layers)):
                     if len({(catalog[n].vendor, catalog[n].location) for n, _ in ms}) > 1:
@@ -71,7 +73,7 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                                 begin += n
                             plan = es.Plan(job=job, stages=tuple(stages), dp=dp,
                                            micro_batch_size=b, num_microbatches=m,
-                                           recompute=rc,
+                                           recompute=rc, sharding=sh,
                                            cost_model=cost_model or es.CostParams(),
                                            profiles={g: p for g, p in (profiles or {}).items()
                                                      if any(st.gpu == g for st in stages)})

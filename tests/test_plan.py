@@ -107,7 +107,7 @@ def _mutate(path: str, value: Any) -> dict[str, Any]:
         ("num_microbatches", 0, "plan.num_microbatches"),
         ("num_microbatches", 1.5, "plan.num_microbatches"),
         ("schedule", "interleaved", "plan.schedule"),
-        ("recompute", "selective", "plan.recompute"),
+        ("recompute", "partial", "plan.recompute"),
         ("stages", [], "plan.stages"),
         ("stages", {"gpu": "L4"}, "plan.stages"),
         ("stages.0.tp", 0, r"stages\[0\]\.tp"),

@@ -26,13 +26,14 @@ def profile_with(model: es.ModelSpec, gpu: es.GpuType, *, fwd: float = 1.0, bwd:
     from espresso._native import core
 
     dims, s, b = model._dims(), seq_len, micro_batch_size
-    rate = gpu.bf16_tflops * 1e12 * (gpu.efficiency or cost.efficiency)
-    t_blk = core.block_fwd_flops(dims, s, b) / rate
-    t_head = core.head_fwd_flops(dims, s, b) / rate
+    w = core.Workload()
+    w.seq_len, w.micro_batch_size, w.num_microbatches, w.global_batch_size = s, b, 1, b
+    blk = core.block_times(dims, gpu._spec(), cost._core(), w, 1)
+    head = core.head_times(dims, gpu._spec(), cost._core(), w, 1)
     act_bytes = core.block_activation_bytes(dims, cost._core(), s, b, 1)
     return es.Profile(gpu=gpu.name, model=model.to_dict(), seq_len=s, micro_batch_size=b,
-                      block_fwd_s=fwd * t_blk, block_bwd_s=bwd * 2 * t_blk,
-                      head_fwd_s=head_fwd * t_head, head_bwd_s=head_bwd * 2 * t_head,
+                      block_fwd_s=fwd * blk.fwd, block_bwd_s=bwd * blk.bwd,
+                      head_fwd_s=head_fwd * head.fwd, head_bwd_s=head_bwd * head.bwd,
                       block_activation_bytes=act * act_bytes, block_param_bytes=1.0)
 
 
@@ -71,10 +72,18 @@ def test_measured_times_replace_the_analytic_ones_exactly(plan4: es.Plan) -> Non
     assert slow.stages[0].fwd_s == pytest.approx(2 * first.fwd_s, rel=1e-12)
     assert slow.stages[0].bwd_s == first.bwd_s
     assert slow.iteration_s > est.iteration_s
-    # A different micro-batch size scales with the FLOPs (linear in b at a fixed length).
+    # A different micro-batch size scales with the analytic block time.
+    from espresso._native import core
+
+    def analytic(b: int) -> float:
+        w = core.Workload()
+        w.seq_len, w.micro_batch_size, w.num_microbatches, w.global_batch_size = 8, b, 1, b
+        return float(core.block_times(model._dims(), es.Catalog.builtin("gpus")["L4"]._spec(),
+                                      COST._core(), w, 1).fwd)
+
     b2 = replace(plan4, micro_batch_size=2, num_microbatches=8)
-    assert es.estimate(b2, profiles=[prof]).stages[0].fwd_s == pytest.approx(2 * first.fwd_s,
-                                                                           rel=1e-9)
+    assert es.estimate(b2, profiles=[prof]).stages[0].fwd_s == pytest.approx(
+        first.fwd_s * analytic(2) / analytic(1), rel=1e-9)
 
 
 def test_profiles_travel_with_the_plan(plan4: es.Plan) -> None:
@@ -102,7 +111,7 @@ def test_mismatches_are_refused(plan4: es.Plan, tiny_job: es.Job) -> None:
     with pytest.raises(es.ProfileError, match="did you mean 'block_fwd_s'"):
         es.Profile.from_dict({**profile_with(tiny_job.model, cat["L4"]).to_dict(),
                               "block_fwd": 1})
-    with pytest.raises(es.ProfileError, match=r"block_fwd_scale of 9.44e\+12 .* expected within"):
+    with pytest.raises(es.ProfileError, match=r"block_fwd_scale of [0-9.]+e\+\d+ .* expected within"):
         es.estimate(plan4, profiles=[replace(profile_with(tiny_job.model, cat["L4"]),
                                              block_fwd_s=1e6)])
     with pytest.raises(es.ProfileError, match="two profiles of L4"):

@@ -40,7 +40,7 @@ def random_instance(seed: int, max_stages: int, *,
         count = rng.randint(1, max(1, min(4, budget - left)))
         budget -= count
         g = BASE[n].to_dict()
-        g.update(count=count, memory_gb=round(rng.uniform(0.02, 0.12), 3),
+        g.update(count=count, memory_gb=round(rng.uniform(0.02, 0.12), 3), memory_bytes=None,
                  gpus_per_node=rng.choice([1, 2, 4]))
         if slow_links:
             g.update(inter_node_gbs=rng.choice([0.0005, 0.002, 0.01, 0.1]),
@@ -214,7 +214,8 @@ def test_top_k_returns_distinct_allocations_in_order() -> None:
     r = es.search(_llama_job("30d"), max_stages=2, top_k=3)
     costs = [p.estimate.total_usd for p in r.plans]  # type: ignore[union-attr]
     assert len(costs) == 3 and costs == sorted(costs)
-    assert len({(p.dp, p.micro_batch_size, p.recompute, p.stages) for p in r.plans}) == 3
+    assert len({(p.dp, p.micro_batch_size, p.recompute, p.sharding, p.stages)
+                for p in r.plans}) == 3
 
 
 def test_deadline_infeasible_is_explained() -> None:
@@ -284,7 +285,8 @@ def test_place_refuses_more_gpus_than_owned() -> None:
         ({"max_stages": 0}, "max_stages"),
         ({"micro_batch_sizes": ()}, "micro_batch_sizes"),
         ({"micro_batch_sizes": (0,)}, "micro_batch_sizes"),
-        ({"recompute": ("selective",)}, "recompute"),
+        ({"recompute": ("partial",)}, "recompute"),
+        ({"sharding": ("zero3",)}, "sharding"),
         ({"time_limit_s": -1}, "time_limit_s"),
         ({"budget_usd": 0, "objective": "time"}, "budget_usd"),
         ({"prune": {"speed": False}}, "unknown rule"),

@@ -178,6 +178,31 @@ void register_cost_model(py::module_& m) {
     m.def("block_activation_bytes", &block_activation_bytes, py::arg("model"), py::arg("params"),
           py::arg("seq_len"), py::arg("micro_batch"), py::arg("tp"),
           py::arg("sequence_parallel") = false);
+    py::class_<BlockTimes>(m, "BlockTimes")
+        .def_readonly("fwd", &BlockTimes::fwd)
+        .def_readonly("bwd", &BlockTimes::bwd)
+        .def_readonly("recompute", &BlockTimes::recompute)
+        .def_readonly("tp_comm", &BlockTimes::tp_comm);
+    m.def("block_times", [](const ModelDims& md, const GpuSpec& g, const CostParams& p,
+                            const Workload& w, std::int64_t tp) {
+              validate(md);
+              validate(g, 0);
+              validate(p);
+              validate(w);
+              if (tp < 1 || tp > 1024) throw std::invalid_argument("tp must be in [1, 1024]");
+              return block_times(md, g, p, w, tp);
+          },
+          py::arg("model"), py::arg("gpu"), py::arg("params"), py::arg("work"), py::arg("tp"));
+    m.def("head_times", [](const ModelDims& md, const GpuSpec& g, const CostParams& p,
+                           const Workload& w, std::int64_t tp) {
+              validate(md);
+              validate(g, 0);
+              validate(p);
+              validate(w);
+              if (tp < 1 || tp > 1024) throw std::invalid_argument("tp must be in [1, 1024]");
+              return head_times(md, g, p, w, tp);
+          },
+          py::arg("model"), py::arg("gpu"), py::arg("params"), py::arg("work"), py::arg("tp"));
     m.def("block_bound_flops", &block_bound_flops, py::arg("model"), py::arg("params"),
           py::arg("seq_len"), py::arg("micro_batch"));
     m.def("ring_allreduce_s", &ring_allreduce_s, py::arg("bytes"), py::arg("k"), py::arg("gbs"),

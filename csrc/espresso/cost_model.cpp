@@ -388,8 +388,9 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     if (last) e.transient_bytes += d(s) * d(b) * d(model.vocab_size) * params.bytes_per_logit / td;
     const double blk_w = block_params(model) / td;  // one block's parameters per GPU
     if (sharding >= Sharding::Full && num_layers > 0) {
-        // Gathered for compute: the block at work and the next one, prefetched.
-        e.transient_bytes += std::min(2.0, L) * blk_w * params.bytes_per_weight;
+        // Gathered for compute: the block at work and the next one, prefetched (two blocks'
+        // worth on every stage, so memory stays affine in the blocks a stage holds).
+        e.transient_bytes += 2.0 * blk_w * params.bytes_per_weight;
     }
     if (sharding >= Sharding::Zero2 && num_layers > 0) {
         e.transient_bytes += blk_w * params.bytes_per_grad;  // one block's, before reduce-scatter

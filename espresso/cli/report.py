@@ -58,8 +58,10 @@ def print_rental(plan: Plan, est: Estimate, console: Console, *, bold: bool = Fa
     if est.idle_gpus:
         console.print(f"Idle: {est.idle_gpus} GPU{'s' if est.idle_gpus > 1 else ''} of the "
                       "rented instances run no stage (whole instances are paid for)")
+    extra = "".join((f", sharding {plan.sharding}" if plan.sharding != "none" else "",
+                     ", sequence parallel" if plan.sequence_parallel else ""))
     console.print(f"Layout: dp {plan.dp}, {plan.num_microbatches} micro-batches of "
-                  f"{plan.micro_batch_size}, {plan.schedule}, recompute {plan.recompute}")
+                  f"{plan.micro_batch_size}, {plan.schedule}, recompute {plan.recompute}{extra}")
 
 
 def domain_words(plan: Plan) -> str | None:
@@ -107,7 +109,7 @@ def print_estimate(plan: Plan, est: Estimate, console: Console) -> None:
         )
     console.print(table)
     console.print(
-        f"Iteration {_sec(est.iteration_s)} = pipeline {_sec(est.pipeline_s)} + dp all-reduce "
+        f"Iteration {_sec(est.iteration_s)} = pipeline {_sec(est.pipeline_s)} + dp sync "
         f"{_sec(est.dp_allreduce_s)} + optimizer {_sec(est.optimizer_step_s)}; bubble "
         f"{est.bubble_fraction:.1%}; bottleneck stage {est.bottleneck_stage} (*); "
         f"MFU {est.mfu:.1%}; {est.tokens_per_s:,.0f} tokens/s"
@@ -201,7 +203,7 @@ def print_plan(plan: Plan, console: Console, comparison: Comparison | None) -> N
     console.print(table)
     console.print(
         f"Iteration {_sec(est.iteration_s)} (pipeline {_sec(est.pipeline_s)}, bubble "
-        f"{est.bubble_fraction:.1%}; dp all-reduce {_sec(est.dp_allreduce_s)}; optimizer "
+        f"{est.bubble_fraction:.1%}; dp sync {_sec(est.dp_allreduce_s)}; optimizer "
         f"{_sec(est.optimizer_step_s)}); MFU {est.mfu:.1%}"
     )
     transfer = (f"; data transfer ${est.transfer_usd:,.2f} included" if est.transfer_usd > 0
@@ -237,8 +239,10 @@ def print_search_line(stats: dict[str, object] | None, console: Console) -> None
 def print_top(plans: list[Plan], console: Console) -> None:
     """The k best plans as one compact table."""
     table = Table(title=f"The {len(plans)} best plans", caption="stages: GPU x tp [layers)")
-    for col in ("#", "total", "hours", "$/h", "GPUs", "dp", "mb x M", "recompute", "stages"):
-        table.add_column(col, justify="left" if col in ("GPUs", "stages", "recompute")
+    for col in ("#", "total", "hours", "$/h", "GPUs", "dp", "mb x M", "recompute", "sharding",
+                "stages"):
+        table.add_column(col, justify="left" if col in ("GPUs", "stages", "recompute",
+                                                        "sharding")
                          else "right", no_wrap=col != "stages")
     for i, p in enumerate(plans, 1):
         est = p.estimate
@@ -247,5 +251,5 @@ def print_top(plans: list[Plan], console: Console) -> None:
         table.add_row(str(i), f"${est.total_usd:,.2f}", f"{est.total_hours:,.1f}",
                       f"{est.hourly_usd:,.2f}", escape(_rent(est.gpus)), str(p.dp),
                       f"{p.micro_batch_size} x {p.num_microbatches}", p.recompute,
-                      escape(stages))
+                      p.sharding, escape(stages))
     console.print(table)
