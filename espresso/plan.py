@@ -252,7 +252,8 @@ class Plan:
         plan = cls(job=job, stages=stages, dp=dp, micro_batch_size=mbs, num_microbatches=m,
                    schedule=data.get("schedule", "1f1b"), recompute=data.get("recompute", "none"),
                    sharding=data.get("sharding", "none"),
-                   sequence_parallel=data.get("sequence_parallel", False), cost_model=cost, estimate=est, stats=data.get("stats"),
+                   sequence_parallel=data.get("sequence_parallel", False), cost_model=cost,
+                   estimate=est, stats=data.get("stats"),
                    profiles=data.get("profiles") or {}, domain=data.get("domain"))
         if "gpus" in data:
             given = v.mapping("plan.gpus", data["gpus"], err=PlanError)

@@ -167,7 +167,9 @@ def _job_workload(job: Job, sp: Subproblem | None = None, *,
     return w
 
 
-_NAMES = {**{c: n for n, c in RECOMPUTE_CORE.items()}, **{c: n for n, c in SHARDING_CORE.items()}}
+# Core enum value -> the plan's word (Recompute and Sharding values never compare equal).
+_NAMES: dict[Any, str] = {**{c: n for n, c in RECOMPUTE_CORE.items()},
+                          **{c: n for n, c in SHARDING_CORE.items()}}
 
 
 def _stage(row: GpuType, tp: int, layers: tuple[int, int]) -> Stage:
@@ -183,7 +185,8 @@ def _to_plan(sp: Any, job: Job, catalog: Catalog, rows: Sequence[GpuType], cost:
                 num_microbatches=w.num_microbatches,
                 schedule="gpipe" if w.schedule == core.Schedule.GPIPE else "1f1b",
                 recompute=_NAMES[w.recompute], sharding=_NAMES[w.sharding],
-                sequence_parallel=bool(w.sequence_parallel), cost_model=cost, stats=stats, domain=domain,
+                sequence_parallel=bool(w.sequence_parallel), cost_model=cost, stats=stats,
+                domain=domain,
                 profiles={g: p for g, p in profiles.items() if any(st.gpu == g for st in stages)})
     est = estimate(plan, catalog)
     # The search optimised exactly what estimate() reports.
@@ -326,7 +329,8 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         with lock:
             o.incumbent = kth()
         try:
-            res = core.search(dims, specs, cost._core(), _job_workload(job, sp, sequence_parallel=sequence_parallel), o)
+            work = _job_workload(job, sp, sequence_parallel=sequence_parallel)
+            res = core.search(dims, specs, cost._core(), work, o)
         except ValueError as exc:
             msg = f"search: {exc}"
             raise SpecError(msg) from None

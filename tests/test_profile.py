@@ -111,7 +111,8 @@ def test_mismatches_are_refused(plan4: es.Plan, tiny_job: es.Job) -> None:
     with pytest.raises(es.ProfileError, match="did you mean 'block_fwd_s'"):
         es.Profile.from_dict({**profile_with(tiny_job.model, cat["L4"]).to_dict(),
                               "block_fwd": 1})
-    with pytest.raises(es.ProfileError, match=r"block_fwd_scale of [0-9.]+e\+\d+ .* expected within"):
+    with pytest.raises(es.ProfileError,
+                       match=r"block_fwd_scale of [0-9.]+e\+\d+ .* expected within"):
         es.estimate(plan4, profiles=[replace(profile_with(tiny_job.model, cat["L4"]),
                                              block_fwd_s=1e6)])
     with pytest.raises(es.ProfileError, match="two profiles of L4"):

@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
             g.intra_node_gbs = any_double();
             g.inter_node_gbs = any_double();
             g.efficiency = rng() % 2 ? 0.0 : (hostile ? any_double() : 0.3);
+            g.memory_bytes = rng() % 3 ? 0.0 : (hostile ? any_double() : 8e10);
             g.price_per_hour = any_double();
             g.count = any_int(512);
             g.gpus_per_node = any_int(8);
@@ -87,6 +88,11 @@ int main(int argc, char** argv) {
         p.flash_attention = rng() % 2;
         p.dropout_masks = rng() % 2;
         p.zero1 = rng() % 2;
+        p.overlap_grad_reduce = rng() % 2;
+        p.p2p_overlap = rng() % 2;
+        p.p2p_scatter_gather = rng() % 2;
+        if (hostile && rng() % 4 == 0) p.sustained_fraction = any_double();
+        if (hostile && rng() % 4 == 0) p.attention_efficiency = any_double();
         Workload w;
         w.seq_len = any_int(8192);
         w.micro_batch_size = any_int(8);
@@ -98,7 +104,11 @@ int main(int argc, char** argv) {
         }
         if (hostile && rng() % 5 == 0) w.global_batch_size = any_int(1024);
         w.schedule = rng() % 2 ? Schedule::GPipe : Schedule::OneFOneB;
-        w.recompute = rng() % 2 ? Recompute::Full : Recompute::None;
+        w.recompute = static_cast<Recompute>(
+            hostile && rng() % 16 == 0 ? any_int(5) : static_cast<std::int64_t>(rng() % 3));
+        w.sharding = static_cast<Sharding>(
+            hostile && rng() % 16 == 0 ? any_int(7) : static_cast<std::int64_t>(rng() % 4));
+        w.sequence_parallel = rng() % 2;
         w.iterations = any_double();
         w.deadline_hours = any_double();
         std::vector<StageSpec> stages(static_cast<std::size_t>(rng() % 10));
