@@ -22,6 +22,24 @@ exact, and each follower's sharded weights get the same gradients as in a single
 Gradients are averaged over the ``dp`` replicas of a stage: by DDP on the stage's data-parallel
 group when ``tp == 1``, and for ``tp > 1`` by one bucketed all-reduce of the local gradient
 shards over the data-parallel group of the same TP index, after the schedule.
+
+Sharding (``plan.sharding``) over a stage's data-parallel group
+----------------------------------------------------------------
+``zero1``: gradients are averaged as above and :meth:`StageRuntime.optimizer` builds a
+``ZeroRedundancyOptimizer``: each replica keeps and updates the optimizer states of its share
+of the parameters and broadcasts them. ``zero2`` and ``fsdp``: every block (and the stage
+module) is wrapped by FSDP2's ``fully_shard`` over the data-parallel mesh (after the TP split,
+so TP stages shard 2-D); parameters, gradients and optimizer states are sharded at rest. With
+``fsdp`` a block's parameters are gathered for its forward and freed after it
+(``reshard_after_forward=True``), with ``zero2`` kept until the step's backward is done. Each
+micro-batch's gradients are reduce-scattered as its backward produces them (PyTorch's
+pipelining would otherwise keep whole gradients until the last micro-batch), as the cost
+model charges it (docs/cost-model.md, "Data parallelism and sharding").
+
+Recomputation (``plan.recompute``): ``full`` checkpoints every block
+(``torch.utils.checkpoint``); ``selective`` recomputes only the attention core of each block
+(softmax, batched matmuls, scaled-dot-product attention) with PyTorch's selective
+checkpointing and saves every other tensor.
 """
 
 from __future__ import annotations
@@ -146,6 +164,75 @@ def parallelize_blocks(module: _nn.Module, plan: Plan, stage: int, tp_mesh: Any,
         parallelize_module(block, tp_mesh, resolved)
 
 
+# ------------------------------------------------------------------ recomputation, sharding
+def _attention_ops() -> set[Any]:
+    """The ops of an attention core that selective recomputation runs again."""
+    aten = torch.ops.aten
+    names = ("_softmax", "softmax", "bmm", "baddbmm", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+             "_scaled_dot_product_flash_attention_for_cpu", "native_dropout")
+    ops = set()
+    for n in names:
+        op = getattr(aten, n, None)
+        if op is not None:
+            ops.update(getattr(op, o) for o in op.overloads())
+    return ops
+
+
+class _Recomputed(nn.Module):  # type: ignore[misc, name-defined]
+    """A block whose activations are recomputed in the backward: all of them (``full``) or the
+    attention core's only (``selective``)."""
+
+    def __init__(self, block: _nn.Module, mode: str) -> None:
+        super().__init__()
+        self.block = block
+        self.mode = mode
+
+    def forward(self, *args: Any) -> Any:
+        from torch.utils.checkpoint import (
+            CheckpointPolicy,
+            checkpoint,
+            create_selective_checkpoint_contexts,
+        )
+
+        if self.mode == "full":
+            return checkpoint(self.block, *args, use_reentrant=False)
+        recompute = _attention_ops()
+
+        def policy(ctx: Any, op: Any, *a: Any, **kw: Any) -> Any:
+            return (CheckpointPolicy.PREFER_RECOMPUTE if op in recompute
+                    else CheckpointPolicy.MUST_SAVE)
+
+        return checkpoint(self.block, *args, use_reentrant=False,
+                          context_fn=lambda: create_selective_checkpoint_contexts(policy))
+
+
+def _wrap_blocks(module: _nn.Module, plan: Plan, stage: int, wrap: Callable[[Any], Any]) -> None:
+    """Replace every transformer block of a stage module by ``wrap(block)``."""
+    assert isinstance(module, nn.Sequential)
+    first = 1 if stage == 0 else 0
+    for j in range(first, first + plan.stages[stage].num_layers):
+        out = wrap(module[j])
+        if out is not None:
+            module[j] = out
+
+
+def _shard(module: _nn.Module, plan: Plan, stage: int, dp_mesh: Any) -> None:
+    """FSDP2 over the stage's data-parallel mesh: each block, then the stage module."""
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = plan.sharding == "fsdp"
+    _wrap_blocks(module, plan, stage,
+                 lambda blk: fully_shard(blk, mesh=dp_mesh, reshard_after_forward=reshard))
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
+
+
+def _is_fsdp(module: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
 # ------------------------------------------------------------------ TP leader/follower
 _END, _FWD, _BWD = 0, 1, 2
 _GRAD, _REQUIRES_GRAD, _INFERENCE = 1, 2, 4
@@ -237,9 +324,11 @@ def _stage_class() -> Any:
     (1F1B or GPipe with as many micro-batches as stages). TP: the followers are told a pass is
     inference (it accumulates no parameter gradients there)."""
     base = _pipelining().PipelineStage
+    from torch.distributed.pipelining._backward import stage_backward as stage_backward_fn
 
     class _Stage(base):  # type: ignore[misc, valid-type]
         bridge: _TPBridge | None = None
+        reshard_each = True  # fsdp: free gathered weights after each backward; zero2: keep
 
         @contextlib.contextmanager
         def _inference(self) -> Any:
@@ -247,12 +336,37 @@ def _stage_class() -> Any:
                 self.bridge.inference = True
             ddp = isinstance(self.submod, nn.parallel.DistributedDataParallel)
             sync = self.submod.no_sync() if ddp else contextlib.nullcontext()
+            fsdp = _is_fsdp(self.submod)
+            if fsdp:
+                self.submod.set_requires_gradient_sync(False)
             try:
                 with sync:
                     yield
             finally:
+                if fsdp:
+                    self.submod.set_requires_gradient_sync(True)
                 if self.bridge is not None:
                     self.bridge.inference = False
+
+        def backward_maybe_with_nosync(self, backward_type: Any, bwd_kwargs: dict[str, Any],
+                                       last_backward: bool = False) -> Any:
+            if not _is_fsdp(self.submod) or backward_type != "full":
+                return super().backward_maybe_with_nosync(backward_type, bwd_kwargs,
+                                                          last_backward)
+            # Sharded gradients: reduce-scatter every micro-batch's as its backward makes
+            # them; FSDP keeps gathered weights until the last backward only under zero2.
+            self.submod.set_is_last_backward(True)
+            self.submod.set_requires_gradient_sync(True)
+            self.submod.set_reshard_after_backward(self.reshard_each or last_backward)
+            grads = stage_backward_fn(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
+                                      bwd_kwargs["input_values"])
+            return grads, None
+
+        def perform_reduce_grad(self, grad_scale_factor: int) -> None:
+            if not _is_fsdp(self.submod):
+                super().perform_reduce_grad(grad_scale_factor)
+            elif grad_scale_factor != 1:  # reduced already, micro-batch by micro-batch
+                self.scale_grads(grad_scale_factor)
 
         def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
             with self._inference():
@@ -353,6 +467,8 @@ class StageRuntime:
     tp_group: Any
     """The TP ranks of this stage and replica."""
     num_stages: int
+    sharding: str = "none"
+    """The plan's sharding of this stage's model states over its data-parallel group."""
     _bridge: _TPBridge | None = None
     _avg_grads: bool = False
     _grad_scale: int = 1
@@ -375,6 +491,20 @@ class StageRuntime:
     def reports_loss(self) -> bool:
         """True on the ranks that get the micro-batch losses: last stage, TP index 0."""
         return self.is_last and self.is_tp_leader
+
+    def optimizer(self, cls: Any = None, **kwargs: Any) -> Any:
+        """The optimizer of this rank's parameters (``cls``, default ``torch.optim.AdamW``,
+        with ``kwargs``), sharded as the plan says: under ``zero1`` a
+        ``ZeroRedundancyOptimizer`` over the data-parallel group; under ``zero2``/``fsdp`` the
+        parameters are already shards, so are its states."""
+        cls = torch.optim.AdamW if cls is None else cls
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if self.sharding == "zero1" and dist.get_world_size(self.dp_group) > 1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            return ZeroRedundancyOptimizer(params, optimizer_class=cls,
+                                           process_group=self.dp_group, **kwargs)
+        return cls(params, **kwargs)
 
     def step(self, inputs: Any = None, targets: Any = None) -> Any:
         """One pipeline step on this replica's batch: the first stage feeds ``inputs``, the
@@ -474,20 +604,28 @@ def setup(plan: Plan, *, embedding: _nn.Module,
     if tp > 1:
         assert tp_plan is not None
         parallelize_blocks(module, plan, info.stage, mesh["tp"], tp_plan)
+    if plan.recompute != "none":
+        _wrap_blocks(module, plan, info.stage, lambda blk: _Recomputed(blk, plan.recompute))
+    fsdp = plan.sharding in ("zero2", "fsdp") and plan.dp > 1
+    if fsdp:
+        _shard(module, plan, info.stage, mesh["dp"])
+    if tp > 1:
         bridge = _TPBridge(tp_group, leader, device)
         if info.tp_index > 0:
             return StageRuntime(info=info, module=module, stage=None, schedule=None, mesh=mesh,
                                 dp_group=dp_group, pp_group=None, tp_group=tp_group,
-                                num_stages=plan.num_stages, _bridge=bridge,
-                                _avg_grads=plan.dp > 1, _grad_scale=grad_scale)
+                                num_stages=plan.num_stages, sharding=plan.sharding,
+                                _bridge=bridge, _avg_grads=plan.dp > 1 and not fsdp,
+                                _grad_scale=grad_scale)
         module = _TPLeader(module, bridge)
-    elif plan.dp > 1:
+    elif plan.dp > 1 and not fsdp:
         module = nn.parallel.DistributedDataParallel(
             module, process_group=dp_group, device_ids=[device] if device.type == "cuda" else None)
     pp = _pipelining()
     pp_group = pp_groups[info.replica]
     stage = _stage_class()(module, info.stage, plan.num_stages, device, group=pp_group)
     stage.bridge = bridge
+    stage.reshard_each = plan.sharding == "fsdp"
     kind = pp.ScheduleGPipe if plan.schedule == "gpipe" else pp.Schedule1F1B
     if kind is pp.Schedule1F1B and plan.num_microbatches < plan.num_stages:
         # PyTorch's 1F1B refuses M < stages. There, 1F1B's order on each stage is all M
@@ -502,5 +640,5 @@ def setup(plan: Plan, *, embedding: _nn.Module,
     schedule = kind(stage, n_microbatches=plan.num_microbatches, loss_fn=loss_fn)
     return StageRuntime(info=info, module=module, stage=stage, schedule=schedule, mesh=mesh,
                         dp_group=dp_group, pp_group=pp_group, tp_group=tp_group,
-                        num_stages=plan.num_stages, _bridge=bridge,
-                        _avg_grads=bridge is not None and plan.dp > 1)
+                        num_stages=plan.num_stages, sharding=plan.sharding, _bridge=bridge,
+                        _avg_grads=bridge is not None and plan.dp > 1 and not fsdp)
