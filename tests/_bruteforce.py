@@ -2,7 +2,8 @@
 contract: every data-parallel degree, micro-batch size, recomputation, sharding of the model
 states over the replicas, multiset of stage
 groups (GPU type, power-of-two TP width), stage order and contiguous layer split; a plan
-uses one vendor's GPUs in one location (provider and region), as the search's rules say."""
+uses one vendor's GPUs in one location (provider and region), and 1F1B plans with more than
+one micro-batch have at most one stage per micro-batch, as the search's rules say."""
 
 from __future__ import annotations
 
@@ -57,7 +58,9 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                 if (B // b) % dp or (dp == 1 and sh != sharding[0]):
                     continue  # one replica: every sharding is the same plan
                 m = B // b // dp
-                for ms in multisets(groups, min(max_stages, model.num_layers)):
+                # 1F1B with 1 < M < stages runs as GPipe; the search keeps to stages <= M.
+                most = min(max_stages, model.num_layers, m if m > 1 else max_stages)
+                for ms in multisets(groups, most):
                     if len({(catalog[n].vendor, catalog[n].location) for n, _ in ms}) > 1:
                         continue
                     use: dict[str, int] = {}

@@ -195,3 +195,21 @@ def test_mfu_is_model_flops_over_peak(tiny_job: es.Job, tiny_catalog: es.Catalog
     # half of the attention that model FLOPs count and flash attention skips.
     run = 8 * (4 * (BLOCK_T_F + BLOCK_T_B) + 3 * HEAD_FWD)
     assert 0.45 < est.mfu <= 0.5 * flops / run
+
+
+def test_1f1b_with_fewer_microbatches_than_stages_is_estimated_as_gpipe(
+        tiny_job: es.Job, tiny_catalog: es.Catalog) -> None:
+    """PyTorch's 1F1B needs a micro-batch per stage, so the runner runs such a plan with
+    GPipe: the estimate says what runs (time and memory); with one micro-batch the two
+    schedules are the same."""
+    stages = [("X", 1, 0, 1), ("Y", 1, 1, 2), ("X", 1, 2, 4)]
+    for m in (2, 1):
+        kw = dict(dp=16 // (2 * m), micro_batch_size=2, num_microbatches=m)
+        one = es.estimate(make_plan(tiny_job, stages, **kw), tiny_catalog)
+        gp = es.estimate(make_plan(tiny_job, stages, schedule="gpipe", **kw), tiny_catalog)
+        assert one.iteration_s == gp.iteration_s
+        assert [s.in_flight for s in one.stages] == [m, m, m]
+    # With a micro-batch per stage, 1F1B is 1F1B: the last stage holds one.
+    kw = dict(dp=2, micro_batch_size=2, num_microbatches=4)
+    assert [s.in_flight for s in es.estimate(make_plan(tiny_job, stages, **kw),
+                                             tiny_catalog).stages] == [3, 2, 1]

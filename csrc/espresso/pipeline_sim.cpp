@@ -52,9 +52,18 @@ void check_times(const std::vector<double>& v, const char* name) {
 
 }  // namespace
 
+Schedule schedule_as_run(Schedule schedule, std::int64_t num_stages,
+                         std::int64_t num_microbatches) {
+    return schedule == Schedule::OneFOneB && num_microbatches > 1 && num_microbatches < num_stages
+               ? Schedule::GPipe
+               : schedule;
+}
+
 std::int64_t in_flight(Schedule schedule, std::int64_t stage, std::int64_t num_stages,
                        std::int64_t num_microbatches) {
-    if (schedule == Schedule::GPipe) return num_microbatches;
+    if (schedule_as_run(schedule, num_stages, num_microbatches) == Schedule::GPipe) {
+        return num_microbatches;
+    }
     return std::min(num_stages - stage, num_microbatches);
 }
 
@@ -121,6 +130,7 @@ double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<dou
                          Schedule schedule, double abort_above) {
     const std::int64_t P = static_cast<std::int64_t>(fwd_s.size());
     const std::int64_t M = num_microbatches;
+    schedule = schedule_as_run(schedule, P, M);
     const auto idx = [M](std::int64_t i, std::int64_t j) {
         return static_cast<std::size_t>(i * M + j);
     };

@@ -44,6 +44,11 @@ double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<dou
 double closed_form_s(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
                      std::int64_t num_microbatches);
 
+// The schedule a plan runs: 1F1B with fewer micro-batches than stages (but more than one)
+// runs as GPipe, as PyTorch's runner does (Schedule1F1B needs one per stage); with one
+// micro-batch the two are the same.
+Schedule schedule_as_run(Schedule schedule, std::int64_t num_stages, std::int64_t num_microbatches);
+
 // Micro-batches whose activations stage `stage` of `num_stages` holds at its peak.
 std::int64_t in_flight(Schedule schedule, std::int64_t stage, std::int64_t num_stages,
                        std::int64_t num_microbatches);

@@ -167,9 +167,10 @@ private:
                     b_[c] = e.bwd_s;
                     // Stage-local term of the second bound: (M-1) w - (nf-1) f, nf being the
                     // forwards the stage may run before its first backward.
-                    const std::int64_t nf = work_.schedule == Schedule::GPipe
-                                                ? M_
-                                                : std::min(P_ - pos, M_);
+                    const std::int64_t nf =
+                        schedule_as_run(work_.schedule, P_, M_) == Schedule::GPipe
+                            ? M_
+                            : std::min(P_ - pos, M_);
                     g_[c] = static_cast<double>(M_ - 1) * (e.fwd_s + e.bwd_s) -
                             static_cast<double>(nf - 1) * e.fwd_s;
                     ar_[c] = e.dp_allreduce_s;

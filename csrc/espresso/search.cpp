@@ -94,6 +94,9 @@ struct Combo {
     // a stage holding k micro-batches' activations, at any position): by type, width, k-1.
     std::vector<std::vector<std::vector<std::int64_t>>> max_layers_k;
     std::int64_t kin = 1;
+    // Most stages of a plan: 1F1B with more than one micro-batch needs one per stage (with
+    // fewer it would run as GPipe, which the bounds of this schedule do not cover).
+    std::int64_t max_stages = 1;
     // Per type, for the completion bound: (block time, memory limit) of each width the
     // type's per-replica GPUs allow, the largest tp * DP link GB/s and tp * memory GB/s of
     // one stage, and of all its GPUs.
@@ -348,6 +351,10 @@ private:
                         }
                         c.max_layers.resize(gpus_.size());
                         c.max_layers_k.resize(gpus_.size());
+                        c.max_stages = std::min(opt_.max_stages, model_.num_layers);
+                        if (c.work.schedule == Schedule::OneFOneB && c.work.num_microbatches > 1) {
+                            c.max_stages = std::min(c.max_stages, c.work.num_microbatches);
+                        }
                         c.kin = c.work.schedule == Schedule::GPipe
                                     ? 1
                                     : std::max<std::int64_t>(1, std::min(std::min(opt_.max_stages, model_.num_layers),
@@ -732,7 +739,7 @@ private:
     // are cut whatever the rest says, so the costlier time bound is skipped.
     double ext_bound(const Node& n, const Combo& c, double thr = kInf, bool full = true) const {
         const auto p = static_cast<std::size_t>(n.next);
-        if (p >= order_.size() || n.stages >= std::min(opt_.max_stages, model_.num_layers)) return kInf;
+        if (p >= order_.size() || n.stages >= c.max_stages) return kInf;
         if (n.types >= opt_.max_gpu_types) return kInf;
         if (opt_.prune_memory && n.cap + c.suffix_cap[p] < c.need_bytes) return kInf;
         const double by_rate = type_bound(n, c, p, suffix_min_rate_[p]);
@@ -863,7 +870,7 @@ private:
     // bound is known to reach it, it is returned without refining further.
     double ext_time_bound(const Node& n, const Combo& c, double target = kInf) const {
         const auto p0 = static_cast<std::size_t>(n.next);
-        const std::int64_t room = std::min(opt_.max_stages, model_.num_layers) - n.stages;
+        const std::int64_t room = c.max_stages - n.stages;
         if (room < 1 || p0 >= order_.size()) return kInf;
         if (order_.size() - p0 > kExtTypesMax) return 0.0;
         const std::int64_t L = model_.num_layers;
@@ -1272,7 +1279,7 @@ private:
             local.open_lb = std::min(local.open_lb, node.lb);
             return;
         }
-        const std::int64_t room = std::min(opt_.max_stages, model_.num_layers) - node.stages;
+        const std::int64_t room = c.max_stages - node.stages;
         for (std::size_t p = static_cast<std::size_t>(node.next); p < order_.size(); ++p) {
             // Adding a type at position p (and perhaps later ones, all with a price per
             // FLOP/s at least this type's) costs at least this; the bound only grows with p.
