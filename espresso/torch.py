@@ -74,6 +74,11 @@ def check_plan(plan: Plan, num_blocks: int, batch_size: int | None = None, *,
                tp_plan: TPPlan | None = None) -> None:
     """Refuse a plan that does not match the model (or the runner) with a clear message."""
     check_runnable(plan, num_blocks, batch_size)
+    if plan.sequence_parallel and any(st.tp > 1 for st in plan.stages):
+        msg = ("the plan has sequence_parallel, which the runner does not implement yet: its "
+               "TP stages would hold the replicated activations the estimate splits; plan "
+               "without it (sequence_parallel=False)")
+        raise PlanError(msg)
     for i, st in enumerate(plan.stages):
         if st.tp == 1:
             continue

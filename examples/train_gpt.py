@@ -138,7 +138,7 @@ def main() -> None:
 
     rt = et.setup(plan, embedding=embed, blocks=block, num_blocks=m.num_layers, head=head,
                   loss_fn=loss_fn, tp_plan=TP_PLAN)
-    opt = torch.optim.AdamW(rt.module.parameters(), lr=args.lr)
+    opt = rt.optimizer(torch.optim.AdamW, lr=args.lr)  # sharded as the plan says
     per_replica = plan.micro_batch_size * plan.num_microbatches
     dev = next(rt.module.parameters()).device
     r = rt.info.replica

@@ -265,6 +265,11 @@ def test_mismatched_plans_are_refused() -> None:
     with pytest.raises(PlanError, match="expected 'colwise' or 'rowwise', got 'cols'"):
         et.parallelize_blocks(torch.nn.Sequential(emb, blocks[0]), tp2, 0, None,
                               {"fc1": "cols"})
+    from dataclasses import replace
+
+    with pytest.raises(PlanError, match="sequence_parallel, which the runner does not"):
+        et.setup(replace(tp2, sequence_parallel=True), embedding=emb, blocks=blocks, head=head,
+                 loss_fn=loss_fn, tp_plan=TP_PLAN, rank=0, world_size=tp2.num_gpus)
     assert not torch.distributed.is_initialized()  # refused before any process group
 
 
