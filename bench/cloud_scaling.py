@@ -2,7 +2,7 @@
 
 Run: python bench/cloud_scaling.py [--time-limit S] [--out FILE]
 
-llama2-70b, 1e11 tokens, 30 days, at most two instances per offer (as in
+llama2-70b, 1e11 tokens, 20 days, at most two instances per offer (as in
 bench/test_bench_cloud.py), over growing parts of the built-in snapshot: one region, one
 provider, two providers, all of it; and random subsets of N offers (seeded). For each: offers,
 (domain, vendor) subproblems and those searched, seconds, whether proven (gap), best plan.

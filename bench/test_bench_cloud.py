@@ -2,7 +2,7 @@
 
     pytest bench/test_bench_cloud.py --benchmark-columns=min
 
-llama2-70b, 1e11 tokens, 30 days, over every region of AWS, GCP and Lambda in the snapshot
+llama2-70b, 1e11 tokens, 20 days, over every region of AWS, GCP and Lambda in the snapshot
 (797 offers, 94 (domain, vendor) subproblems), with at most two instances of each offer: no
 single GPU type meets the deadline anywhere, so every winning plan mixes offers. Target:
 proven optimal in <= 2 s on 2 cores. The scaling over the number of offers is
@@ -18,7 +18,9 @@ import pytest
 import espresso as es
 from espresso.cloud.quota import max_instances
 
-JOB = es.Job(model=es.ModelSpec.preset("llama2-70b"), tokens=10**11, deadline_hours=720)
+# 20 days: under the fidelity issue's cost model (sharded data parallelism, measured matmul
+# efficiencies) a single offer type meets 30 days, which made the instance easy.
+JOB = es.Job(model=es.ModelSpec.preset("llama2-70b"), tokens=10**11, deadline_hours=480)
 
 
 def snapshot(instances: int | None = 2) -> es.Catalog:

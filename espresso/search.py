@@ -168,6 +168,13 @@ def _job_workload(job: Job, sp: Subproblem | None = None, *,
 
 
 # Core enum value -> the plan's word (Recompute and Sharding values never compare equal).
+DEFAULT_SHARDING = ("zero1", "zero2", "fsdp")
+"""The sharding levels a search tries unless told otherwise. Not ``none``: with more than
+one replica ZeRO-1 moves the same gradient bytes (reduce-scatter + all-gather), keeps 1/dp of
+the optimizer states and steps 1/dp of the parameters; only its all-gather after the step can
+be exposed. Leaving ``none`` out makes hard searches several times faster (bench/README.md);
+``sharding=SHARDING`` searches it too. With ``dp = 1`` every level is ``none``."""
+
 _NAMES: dict[Any, str] = {**{c: n for n, c in RECOMPUTE_CORE.items()},
                           **{c: n for n, c in SHARDING_CORE.items()}}
 
@@ -200,7 +207,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
            threads: int | None = None, top_k: int = 1, max_stages: int = 8, max_tp: int = 8,
            micro_batch_sizes: Sequence[int] = (1, 2, 4, 8),
            recompute: Sequence[str] = ("none", "full"), schedule: str = "1f1b",
-           sharding: Sequence[str] = SHARDING, sequence_parallel: bool = False,
+           sharding: Sequence[str] = DEFAULT_SHARDING, sequence_parallel: bool = False,
            cost_model: CostParams | None = None, enforce_deadline: bool = True,
            prune: dict[str, bool] | None = None, profiles: Any = None,
            max_gpu_types: int | None = None, progress: SearchProgress | None = None,
@@ -214,8 +221,8 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
 
     The space: data-parallel degree (any divisor of the global batch), micro-batch size,
     recomputation (``recompute``: ``none``, ``full``, ``selective``), how model states are
-    sharded over the replicas (``sharding``: ``none``, ``zero1``, ``zero2``, ``fsdp``; all
-    four by default), and pipelines of up to ``max_stages`` stages, each a catalog row (GPU type
+    sharded over the replicas (``sharding``: ``none``, ``zero1``, ``zero2``, ``fsdp``; by
+    default :data:`DEFAULT_SHARDING`, the last three), and pipelines of up to ``max_stages`` stages, each a catalog row (GPU type
     or cloud offer) with a power-of-two tensor-parallel width inside one instance (at most
     ``max_tp``), in any order with any contiguous layer split, within every row's
     availability, paying whole instances. A plan uses one vendor's GPUs and one network

@@ -14,9 +14,15 @@ from .._validate import load_yaml
 from ..errors import JobError
 from ..estimate import estimate
 from ..job import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LEN, Job
-from ..plan import Plan
+from ..plan import RECOMPUTE, SHARDING, Plan
 from ..progress import DEFAULT_TIME_LIMIT_S, SearchProgress, TimeBudget
-from ..search import InfeasibleError, SearchResult, explain_infeasible, search
+from ..search import (
+    DEFAULT_SHARDING,
+    InfeasibleError,
+    SearchResult,
+    explain_infeasible,
+    search,
+)
 from . import _common as c
 from .report import Comparison, print_estimate, print_plan, print_top
 
@@ -97,6 +103,18 @@ def _compare(job: Job, catalog: Any, best: Plan, budget: TimeBudget,
     return Comparison(plan=res.plans[0] if res.plans else None, stats=res.stats)
 
 
+def _word_list(name: str, allowed: tuple[str, ...]) -> Any:
+    def parse(text: str) -> tuple[str, ...]:
+        words = tuple(w.strip() for w in text.split(",") if w.strip())
+        bad = [w for w in words if w not in allowed]
+        if not words or bad:
+            msg = (f"--{name}: expected a comma-separated list of {', '.join(allowed)}, "
+                   f"got {text!r}")
+            raise argparse.ArgumentTypeError(msg)
+        return words
+    return parse
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     c.check_output("--json", args.json)
     budget = TimeBudget(args.time_limit)
@@ -107,7 +125,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     space: dict[str, Any] = dict(threads=args.threads, max_stages=args.max_stages,
                                  max_tp=args.max_tp, profiles=c.load_profiles(args.profile),
                                  cost_model=c.load_cost_model(args.cost_model),
-                                 scope=args.scope)
+                                 scope=args.scope, sharding=args.sharding,
+                                 recompute=args.recompute)
     kwargs = {**space, "objective": objective, "budget_usd": args.budget}
     progress = SearchProgress()
     share = MAIN_SHARE if args.compare else 1.0
@@ -203,6 +222,15 @@ def register(sub: Any) -> None:
     p.add_argument("--max-stages", type=int, default=8, help="pipeline depth at most (8)")
     p.add_argument("--max-tp", type=int, default=8,
                    help="tensor-parallel width at most (default 8)")
+    p.add_argument("--sharding", type=_word_list("sharding", SHARDING),
+                   default=",".join(DEFAULT_SHARDING), metavar="LIST",
+                   help="sharding levels of the model states over data-parallel replicas to "
+                        f"search, comma-separated from {', '.join(SHARDING)} (default "
+                        f"{','.join(DEFAULT_SHARDING)})")
+    p.add_argument("--recompute", type=_word_list("recompute", RECOMPUTE), default="none,full",
+                   metavar="LIST",
+                   help=f"recomputation modes to search, from {', '.join(RECOMPUTE)} "
+                        "(default none,full)")
     p.add_argument("--no-compare", dest="compare", action="store_false",
                    help="skip the comparison with single-type plans")
     c.add_profile_arg(p)
