@@ -183,26 +183,23 @@ void register_cost_model(py::module_& m) {
         .def_readonly("bwd", &BlockTimes::bwd)
         .def_readonly("recompute", &BlockTimes::recompute)
         .def_readonly("tp_comm", &BlockTimes::tp_comm);
-    m.def("block_times", [](const ModelDims& md, const GpuSpec& g, const CostParams& p,
-                            const Workload& w, std::int64_t tp) {
-              validate(md);
-              validate(g, 0);
-              validate(p);
-              validate(w);
-              if (tp < 1 || tp > 1024) throw std::invalid_argument("tp must be in [1, 1024]");
-              return block_times(md, g, p, w, tp);
-          },
-          py::arg("model"), py::arg("gpu"), py::arg("params"), py::arg("work"), py::arg("tp"));
-    m.def("head_times", [](const ModelDims& md, const GpuSpec& g, const CostParams& p,
-                           const Workload& w, std::int64_t tp) {
-              validate(md);
-              validate(g, 0);
-              validate(p);
-              validate(w);
-              if (tp < 1 || tp > 1024) throw std::invalid_argument("tp must be in [1, 1024]");
-              return head_times(md, g, p, w, tp);
-          },
-          py::arg("model"), py::arg("gpu"), py::arg("params"), py::arg("work"), py::arg("tp"));
+    // One block's (or the head's) times, with the core's own input checks first.
+    auto checked = [](BlockTimes (*fn)(const ModelDims&, const GpuSpec&, const CostParams&,
+                                       const Workload&, std::int64_t)) {
+        return [fn](const ModelDims& md, const GpuSpec& g, const CostParams& p,
+                    const Workload& w, std::int64_t tp) {
+            validate(md);
+            validate(g, 0);
+            validate(p);
+            validate(w);
+            if (tp < 1 || tp > 1024) throw std::invalid_argument("tp must be in [1, 1024]");
+            return fn(md, g, p, w, tp);
+        };
+    };
+    m.def("block_times", checked(&block_times), py::arg("model"), py::arg("gpu"),
+          py::arg("params"), py::arg("work"), py::arg("tp"));
+    m.def("head_times", checked(&head_times), py::arg("model"), py::arg("gpu"),
+          py::arg("params"), py::arg("work"), py::arg("tp"));
     m.def("block_bound_flops", &block_bound_flops, py::arg("model"), py::arg("params"),
           py::arg("seq_len"), py::arg("micro_batch"));
     m.def("ring_allreduce_s", &ring_allreduce_s, py::arg("bytes"), py::arg("k"), py::arg("gbs"),
