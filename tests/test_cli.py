@@ -179,3 +179,21 @@ def test_time_limit_is_the_commands_wall_clock(capsys: pytest.CaptureFixture[str
     assert code == 1
     assert "no plan meets the deadline of 48.0 h" in out
     assert "fastest plan" in out
+
+
+def test_sharding_and_recompute_choices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--sharding and --recompute restrict what the search tries; a bad word is refused with
+    the list of allowed ones."""
+    out = tmp_path / "p.json"
+    assert main([*PLAN_7B, "--sharding", "none", "--recompute", "full", "--json", str(out)]) == 0
+    plan = es.Plan.from_json(out)
+    assert plan.sharding == "none" and plan.recompute == "full"
+    assert "sharding" not in json.loads(out.read_text())  # the default is not written
+    assert main([*PLAN_7B, "--sharding", "fsdp", "--json", str(out)]) == 0
+    plan = es.Plan.from_json(out)
+    assert plan.sharding in ("fsdp", "none") and (plan.sharding == "none") == (plan.dp == 1)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main([*PLAN_7B, "--sharding", "zero3"])
+    err = capsys.readouterr().err
+    assert "--sharding: expected a comma-separated list of none, zero1, zero2, fsdp" in err
