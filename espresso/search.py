@@ -222,9 +222,10 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     The space: data-parallel degree (any divisor of the global batch), micro-batch size,
     recomputation (``recompute``: ``none``, ``full``, ``selective``), how model states are
     sharded over the replicas (``sharding``: ``none``, ``zero1``, ``zero2``, ``fsdp``; by
-    default :data:`DEFAULT_SHARDING`, the last three), and pipelines of up to ``max_stages`` stages, each a catalog row (GPU type
-    or cloud offer) with a power-of-two tensor-parallel width inside one instance (at most
-    ``max_tp``), in any order with any contiguous layer split, within every row's
+    default :data:`DEFAULT_SHARDING`, the last three), and pipelines of up to
+    ``max_stages`` stages, each a catalog row (GPU type or cloud offer) with a
+    power-of-two tensor-parallel width inside one instance (at most ``max_tp``), in any
+    order with any contiguous layer split, within every row's
     availability, paying whole instances. A plan uses one vendor's GPUs and one network
     domain: ``scope`` ``zone``, ``region`` (default) or ``provider`` (docs/catalog.md);
     each (domain, vendor) is a subproblem, searched cheapest bound first with the best plan

@@ -53,6 +53,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._optional import require
+from ._torch_states import is_fsdp as _is_fsdp
+from ._torch_states import recomputed, shard_stage, wrap_blocks
 from .errors import PlanError
 from .launch import RankInfo, check_runnable, rank_layout
 from .plan import Plan
@@ -167,75 +169,6 @@ def parallelize_blocks(module: _nn.Module, plan: Plan, stage: int, tp_mesh: Any,
                 style = styles[style]()
             resolved[name] = style
         parallelize_module(block, tp_mesh, resolved)
-
-
-# ------------------------------------------------------------------ recomputation, sharding
-def _attention_ops() -> set[Any]:
-    """The ops of an attention core that selective recomputation runs again."""
-    aten = torch.ops.aten
-    names = ("_softmax", "softmax", "bmm", "baddbmm", "_scaled_dot_product_flash_attention",
-             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-             "_scaled_dot_product_flash_attention_for_cpu", "native_dropout")
-    ops: set[Any] = set()
-    for n in names:
-        op = getattr(aten, n, None)
-        if op is not None:
-            ops.update(getattr(op, o) for o in op.overloads())
-    return ops
-
-
-class _Recomputed(nn.Module):  # type: ignore[misc, name-defined]
-    """A block whose activations are recomputed in the backward: all of them (``full``) or the
-    attention core's only (``selective``)."""
-
-    def __init__(self, block: _nn.Module, mode: str) -> None:
-        super().__init__()
-        self.block = block
-        self.mode = mode
-
-    def forward(self, *args: Any) -> Any:
-        from torch.utils.checkpoint import (
-            CheckpointPolicy,
-            checkpoint,
-            create_selective_checkpoint_contexts,
-        )
-
-        if self.mode == "full":
-            return checkpoint(self.block, *args, use_reentrant=False)
-        recompute = _attention_ops()
-
-        def policy(ctx: Any, op: Any, *a: Any, **kw: Any) -> Any:
-            return (CheckpointPolicy.PREFER_RECOMPUTE if op in recompute
-                    else CheckpointPolicy.MUST_SAVE)
-
-        return checkpoint(self.block, *args, use_reentrant=False,
-                          context_fn=lambda: create_selective_checkpoint_contexts(policy))  # type: ignore[no-untyped-call]
-
-
-def _wrap_blocks(module: _nn.Module, plan: Plan, stage: int, wrap: Callable[[Any], Any]) -> None:
-    """Replace every transformer block of a stage module by ``wrap(block)``."""
-    assert isinstance(module, nn.Sequential)
-    first = 1 if stage == 0 else 0
-    for j in range(first, first + plan.stages[stage].num_layers):
-        out = wrap(module[j])
-        if out is not None:
-            module[j] = out
-
-
-def _shard(module: _nn.Module, plan: Plan, stage: int, dp_mesh: Any) -> None:
-    """FSDP2 over the stage's data-parallel mesh: each block, then the stage module."""
-    from torch.distributed.fsdp import fully_shard
-
-    reshard = plan.sharding == "fsdp"
-    _wrap_blocks(module, plan, stage,
-                 lambda blk: fully_shard(blk, mesh=dp_mesh, reshard_after_forward=reshard))
-    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
-
-
-def _is_fsdp(module: Any) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(module, FSDPModule)
 
 
 # ------------------------------------------------------------------ TP leader/follower
@@ -610,10 +543,10 @@ def setup(plan: Plan, *, embedding: _nn.Module,
         assert tp_plan is not None
         parallelize_blocks(module, plan, info.stage, mesh["tp"], tp_plan)
     if plan.recompute != "none":
-        _wrap_blocks(module, plan, info.stage, lambda blk: _Recomputed(blk, plan.recompute))
+        wrap_blocks(module, plan, info.stage, lambda blk: recomputed(blk, plan.recompute))
     fsdp = plan.sharding in ("zero2", "fsdp") and plan.dp > 1
     if fsdp:
-        _shard(module, plan, info.stage, mesh["dp"])
+        shard_stage(module, plan, info.stage, mesh["dp"])
     if tp > 1:
         bridge = _TPBridge(tp_group, leader, device)
         if info.tp_index > 0:

@@ -177,6 +177,8 @@ struct EstimateResult {
 };
 
 // Per-block and per-model counts (exposed for tests and for the search's tables).
+double kv_dim(const ModelDims& m);               // width of K (and of V)
+double block_matmul_params(const ModelDims& m);  // parameters of a block's four projections
 double block_params(const ModelDims& m);
 double embedding_params(const ModelDims& m);    // token (+ position) table
 double head_params(const ModelDims& m);         // output projection held by the last stage
@@ -199,8 +201,8 @@ double block_bound_flops(const ModelDims& m, const CostParams& p, std::int64_t s
 // efficiency (else the cost model's default) times sustained_fraction.
 double gemm_efficiency(const GpuSpec& g, const CostParams& p);
 
-// Time of one block for one micro-batch on one GPU of a TP group of `tp` (docs/cost-model.md,
-// "Compute"): matmuls by the roofline of each GEMM, the attention core, the memory-bound
+// Time of one block for one micro-batch on one GPU of a TP group of `tp` (block_time.cpp;
+// docs/cost-model.md, "Compute"): matmuls by the roofline of each GEMM, the attention core, the memory-bound
 // element-wise work, and the tensor-parallel collectives. A profile's factors apply.
 struct BlockTimes {
     double fwd = 0;        // forward
