@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 SOURCES = [ROOT / "csrc/tests/fuzz_estimate.cpp", ROOT / "csrc/espresso/cost_model.cpp",
-           ROOT / "csrc/espresso/pipeline_sim.cpp"]
+           ROOT / "csrc/espresso/block_time.cpp", ROOT / "csrc/espresso/pipeline_sim.cpp"]
 
 
 def test_core_survives_hostile_inputs_under_sanitizers(tmp_path: Path) -> None:
