@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +141,28 @@ def test_bad_plan_files(tmp_path: Path) -> None:
     p.write_text("[1, 2]")
     with pytest.raises(es.PlanError, match="mapping"):
         es.Plan.from_json(p)
+
+
+def test_plans_from_before_the_fidelity_issue_still_load() -> None:
+    """Plan files written before sharding existed: the legacy cost-model switch zero1 and
+    an end-to-end efficiency keep loading; zero1 makes the plan at least ZeRO-1, so its
+    optimizer states are split over the replicas as before."""
+    old = {
+        "schema": "espresso.plan/1",
+        "job": {"model": "llama2-7b", "seq_len": 4096, "global_batch_size": 512,
+                "tokens": 2e10, "deadline_hours": 720},
+        "dp": 2, "micro_batch_size": 1, "num_microbatches": 256,
+        "schedule": "1f1b", "recompute": "full",
+        "stages": [{"gpu": "A100-80GB", "tp": 2, "layers": [0, 20]},
+                   {"gpu": "L40S", "tp": 1, "layers": [20, 32]}],
+        "cost_model": {"zero1": True, "efficiency": 0.45},
+    }
+    plan = es.Plan.from_dict(old)
+    assert plan.sharding == "none" and plan.cost_model.zero1
+    assert "sharding" not in plan.to_dict()  # written back as it was read
+    est = es.estimate(plan, es.Catalog.builtin("gpus"))
+    as_zero1 = es.estimate(replace(plan, sharding="zero1",
+                                   cost_model=replace(plan.cost_model, zero1=False)),
+                           es.Catalog.builtin("gpus"))
+    assert est.stages[0].optimizer_gb == pytest.approx(as_zero1.stages[0].optimizer_gb)
+    assert est.iteration_s == pytest.approx(as_zero1.iteration_s)
