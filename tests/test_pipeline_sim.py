@@ -108,3 +108,44 @@ def test_bad_input_raises(f: list[float], b: list[float], c: list[float], m: int
                           match: str) -> None:
     with pytest.raises(ValueError, match=match):
         _core.simulate_pipeline(f, b, c, c, m, ONE_F_ONE_B)
+
+
+# ---------------------------------------------------------------- interleaved 1F1B
+@pytest.mark.parametrize(("p", "v", "m"), [(4, 2, 8), (4, 4, 8), (8, 2, 16), (2, 3, 4),
+                                           (4, 2, 4), (3, 5, 9)])
+def test_interleaved_matches_its_closed_form(p: int, v: int, m: int) -> None:
+    """Uniform devices (f = 1, b = 2 per micro-batch, in v equal chunks), free transfers:
+    Narayanan et al. 2021, sec. 2.2.2, the bubble shrinks by v: M (f+b) + (P-1)(f+b)/v."""
+    s = p * v
+    got = _core.interleaved_makespan([1.0 / v] * s, [2.0 / v] * s, [0.0] * (s - 1),
+                                     [0.0] * (s - 1), p, m)
+    assert got == pytest.approx(m * 3.0 + (p - 1) * 3.0 / v, rel=1e-12)
+    assert got < sim([1.0] * p, [2.0] * p, m, ONE_F_ONE_B)  # below plain 1F1B's
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5), st.integers(2, 4), st.integers(1, 4), st.data())
+def test_interleaved_is_above_every_device_and_every_chain(p: int, v: int, groups: int,
+                                                           data: st.DataObject) -> None:
+    """Any times and transfers: no deadlock; the makespan covers each device's own work and
+    one micro-batch's whole forward and backward through every virtual stage."""
+    s, m = p * v, p * groups
+    f = data.draw(st.lists(TIME, min_size=s, max_size=s))
+    b = data.draw(st.lists(TIME, min_size=s, max_size=s))
+    c = data.draw(st.lists(st.floats(0.0, 5.0), min_size=s - 1, max_size=s - 1))
+    got = _core.interleaved_makespan(f, b, c, c, p, m)
+    for d in range(p):
+        busy = m * sum(f[k * p + d] + b[k * p + d] for k in range(v))
+        assert got >= busy * (1 - 1e-12)
+    assert got >= (sum(f) + sum(b) + 2 * sum(c)) * (1 - 1e-12)
+
+
+@pytest.mark.parametrize(("s", "p", "m", "match"), [
+    (4, 4, 4, "v >= 2"),            # one chunk per device: plain 1F1B
+    (6, 4, 4, "virtual stages"),    # not a multiple of the devices
+    (8, 4, 6, "multiple of the devices"),
+    (8, 4, 2, "multiple of the devices"),
+])
+def test_interleaved_refuses_what_it_cannot_schedule(s: int, p: int, m: int, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        _core.interleaved_makespan([1.0] * s, [1.0] * s, [0.0] * (s - 1), [0.0] * (s - 1), p, m)

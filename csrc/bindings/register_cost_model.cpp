@@ -211,6 +211,9 @@ void register_cost_model(py::module_& m) {
     m.def("simulate_pipeline", &simulate_pipeline, py::arg("fwd_s"), py::arg("bwd_s"),
           py::arg("send_fwd_s"), py::arg("send_bwd_s"), py::arg("num_microbatches"),
           py::arg("schedule"), py::call_guard<py::gil_scoped_release>());
+    m.def("interleaved_makespan", &interleaved_makespan, py::arg("fwd_s"), py::arg("bwd_s"),
+          py::arg("send_fwd_s"), py::arg("send_bwd_s"), py::arg("num_devices"),
+          py::arg("num_microbatches"), py::call_guard<py::gil_scoped_release>());
     m.def("closed_form_s", &closed_form_s, py::arg("fwd_s"), py::arg("bwd_s"),
           py::arg("num_microbatches"));
     m.def("in_flight", &in_flight, py::arg("schedule"), py::arg("stage"), py::arg("num_stages"),

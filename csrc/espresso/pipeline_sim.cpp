@@ -5,6 +5,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 namespace espresso {
 
@@ -226,6 +227,114 @@ double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<dou
     }
     if (done != total) {
         throw std::logic_error("pipeline simulation deadlocked (internal error)");
+    }
+    double makespan = 0;
+    for (const double f : free_at) makespan = std::max(makespan, f);
+    return makespan;
+}
+
+double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
+                            const std::vector<double>& send_fwd_s,
+                            const std::vector<double>& send_bwd_s, std::int64_t num_devices,
+                            std::int64_t num_microbatches) {
+    const std::int64_t P = num_devices, M = num_microbatches;
+    const std::int64_t S = static_cast<std::int64_t>(fwd_s.size());
+    if (P < 1 || P > kMaxStages || S % P != 0 || S / P < 2) {
+        throw std::invalid_argument(
+            "interleaved_makespan: expected num_devices in [1, 1024] and num_devices * v "
+            "virtual stages with v >= 2, got " + std::to_string(S) + " over " +
+            std::to_string(P) + " devices");
+    }
+    const std::int64_t v = S / P;
+    if (M < P || M % P != 0 || M > kMaxMicrobatches || S * M > kMaxStageMicrobatchProduct) {
+        throw std::invalid_argument(
+            "interleaved_makespan: num_microbatches must be a multiple of the devices (" +
+            std::to_string(P) + ") with virtual stages * microbatches <= " +
+            std::to_string(kMaxStageMicrobatchProduct) + ", got " + std::to_string(M));
+    }
+    if (bwd_s.size() != fwd_s.size() || send_fwd_s.size() + 1 != fwd_s.size() ||
+        send_bwd_s.size() + 1 != fwd_s.size()) {
+        throw std::invalid_argument(
+            "interleaved_makespan: expected P*v forward and backward times and P*v-1 transfers");
+    }
+    check_times(fwd_s, "fwd_s");
+    check_times(bwd_s, "bwd_s");
+    check_times(send_fwd_s, "send_fwd_s");
+    check_times(send_bwd_s, "send_bwd_s");
+
+    const std::int64_t per_device = 2 * M * v;
+    // Operation k of device d: (backward, virtual stage, micro-batch).
+    auto op_of = [&](std::int64_t d, std::int64_t k) {
+        const std::int64_t nf_total = M * v;
+        const std::int64_t warm = std::min(2 * (P - d - 1) + (v - 1) * P, nf_total);
+        std::int64_t fi = -1, bi = -1;
+        if (k < warm) {
+            fi = k;
+        } else if (k < 2 * nf_total - warm) {
+            const std::int64_t j = k - warm;
+            if (j % 2 == 0) fi = warm + j / 2;
+            else bi = j / 2;
+        } else {
+            bi = k - nf_total;
+        }
+        const std::int64_t x = fi >= 0 ? fi : bi;
+        const std::int64_t group = x / P;
+        const std::int64_t chunk = fi >= 0 ? group % v : v - 1 - group % v;
+        const std::int64_t mb = (x / (P * v)) * P + x % P;
+        return std::tuple<bool, std::int64_t, std::int64_t>{bi >= 0, chunk * P + d, mb};
+    };
+    const auto cells = static_cast<std::size_t>(S * M);
+    std::vector<double> end_f(cells, -1.0), end_b(cells, -1.0);
+    std::vector<double> free_at(static_cast<std::size_t>(P), 0.0);
+    std::vector<std::int64_t> next(static_cast<std::size_t>(P), 0), work;
+    std::vector<char> queued(static_cast<std::size_t>(P), 1);
+    for (std::int64_t d = P; d-- > 0;) work.push_back(d);
+    auto at = [M](std::int64_t s, std::int64_t mb) { return static_cast<std::size_t>(s * M + mb); };
+    std::int64_t done = 0;
+    while (!work.empty()) {
+        const std::int64_t d = work.back();
+        work.pop_back();
+        const auto sd = static_cast<std::size_t>(d);
+        queued[sd] = 0;
+        bool advanced = false;
+        while (next[sd] < per_device) {
+            const auto [backward, s, mb] = op_of(d, next[sd]);
+            const auto ss = static_cast<std::size_t>(s);
+            double ready = 0.0;
+            if (!backward) {
+                if (s > 0) {
+                    const double prev = end_f[at(s - 1, mb)];
+                    if (prev < 0) break;
+                    ready = prev + send_fwd_s[ss - 1];
+                }
+            } else if (s == S - 1) {
+                const double own = end_f[at(s, mb)];
+                if (own < 0) break;
+                ready = own;
+            } else {
+                const double after = end_b[at(s + 1, mb)];
+                if (after < 0) break;
+                ready = after + send_bwd_s[ss];
+            }
+            const double start = std::max(free_at[sd], ready);
+            const double end = start + (backward ? bwd_s[ss] : fwd_s[ss]);
+            (backward ? end_b : end_f)[at(s, mb)] = end;
+            free_at[sd] = end;
+            ++next[sd];
+            ++done;
+            advanced = true;
+        }
+        if (advanced) {
+            for (const std::int64_t n : {(d + P - 1) % P, (d + 1) % P}) {
+                if (!queued[static_cast<std::size_t>(n)]) {
+                    queued[static_cast<std::size_t>(n)] = 1;
+                    work.push_back(n);
+                }
+            }
+        }
+    }
+    if (done != P * per_device) {
+        throw std::logic_error("interleaved pipeline simulation deadlocked (internal error)");
     }
     double makespan = 0;
     for (const double f : free_at) makespan = std::max(makespan, f);

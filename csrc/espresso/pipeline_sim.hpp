@@ -39,6 +39,20 @@ double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<dou
                          const std::vector<double>& send_bwd_s, std::int64_t num_microbatches,
                          Schedule schedule, double abort_above);
 
+// Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2; Megatron-LM's order): `num_devices`
+// devices each run `v` model chunks; virtual stage s = c * num_devices + d is chunk c on
+// device d, and fwd_s/bwd_s hold the times of the num_devices * v virtual stages in that
+// order, send_*_s[s] the transfer between virtual stages s and s + 1 (the last device to the
+// first between chunks). Device d runs min(2 (P - d - 1) + (v - 1) P, M v) warm-up forwards,
+// then one forward and one backward alternately, then the remaining backwards; forward k is
+// micro-batch (k / (P v)) P + k % P of chunk (k / P) % v, backward k the same micro-batch of
+// chunk v - 1 - (k / P) % v. Needs v >= 2 and M a multiple of P (as Megatron-LM does).
+// Groundwork for interleaved plans (issue 13): plans do not use it yet.
+double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
+                            const std::vector<double>& send_fwd_s,
+                            const std::vector<double>& send_bwd_s, std::int64_t num_devices,
+                            std::int64_t num_microbatches);
+
 // The closed form sum(f+b) + (M-1) * max(f+b): equal to the simulation for uniform
 // stages and free transfers, and a lower bound of GPipe's makespan.
 double closed_form_s(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,

@@ -152,6 +152,18 @@ int main(int argc, char** argv) {
             if (!finite_nonneg(r.makespan_s)) fail("finite makespan", i);
         } catch (const std::invalid_argument&) {
         }
+        // Interleaved 1F1B with arbitrary shapes (refused unless v >= 2 and M % P == 0).
+        const std::size_t devices = 1 + rng() % 4, virt = devices * (rng() % 4);
+        std::vector<double> fi(virt), bi(virt), ci(virt > 0 ? virt - 1 : 0);
+        for (auto& x : fi) x = rng() % 10 == 0 ? any_double() : static_cast<double>(rng() % 50);
+        for (auto& x : bi) x = static_cast<double>(rng() % 50);
+        for (auto& x : ci) x = rng() % 10 == 0 ? any_double() : 0.25;
+        try {
+            const double ms = interleaved_makespan(fi, bi, ci, ci, static_cast<std::int64_t>(devices),
+                                                   any_int(32));
+            if (!finite_nonneg(ms)) fail("finite interleaved makespan", i);
+        } catch (const std::invalid_argument&) {
+        }
     }
     std::printf("espresso_fuzz: %llu estimates, %llu refused with invalid_argument, no failures\n",
                 static_cast<unsigned long long>(ok), static_cast<unsigned long long>(refused));
