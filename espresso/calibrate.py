@@ -4,10 +4,10 @@
   rate over the catalog's dense peak, and ``mem_bandwidth_gbs`` the measured triad bandwidth
   divided by the cost model's ``memory_bandwidth_efficiency``, so that the bandwidth the model
   achieves (peak x that efficiency) equals the measurement.
-* From a profile (``espresso profile``): ``efficiency`` becomes the achieved fraction of peak
-  of one block's forward and backward, ``3 F / (peak (t_f + t_b))``, F the block's analytic
-  forward FLOPs at the profiled shape. (A profile can also be used as it is, with
-  ``--profile``, which keeps forward, backward, head and memory apart.)
+* From a profile (``espresso profile``): ``efficiency`` becomes the matmul efficiency at which
+  the cost model's block time (forward + backward at the profiled shape: matmuls, attention,
+  memory-bound work) equals the measured one, found by bisection. (A profile can also be used
+  as it is, with ``--profile``, which keeps forward, backward, head and memory apart.)
 """
 
 from __future__ import annotations
