@@ -266,8 +266,14 @@ def test_thousands_of_gpu_types_end_cleanly() -> None:
         est = r.plans[0].estimate
         assert est is not None and est.feasible and est.meets_deadline
     else:
-        with pytest.raises(es.InfeasibleError, match="time limit"):
-            es.plan(_llama_job("30d"), cat, time_limit_s=3, max_stages=2)
+        # Near the limit a second run may or may not find a plan in time (the machine's
+        # load decides); either way it ends cleanly: a valid plan, or the limit named.
+        try:
+            p = es.plan(_llama_job("30d"), cat, time_limit_s=3, max_stages=2)
+        except es.InfeasibleError as exc:
+            assert "time limit" in str(exc)
+        else:
+            assert p.estimate is not None and p.estimate.feasible
 
 
 def test_place_refuses_more_gpus_than_owned() -> None:
