@@ -136,7 +136,6 @@ class StageEstimate:
     send_s: float
     send_intra_node: bool
     dp_allreduce_s: float
-    dp_comm_s: float
     optimizer_step_s: float
 
 class EstimateResult:

@@ -28,7 +28,7 @@ from .catalog import Catalog, GpuType
 from .cost import CostParams
 from .errors import CatalogError
 from .model import ModelSpec
-from .profile import Profile, _timer
+from .profile import Profile, _timer, shape_workload
 
 
 def _with(catalog: Catalog, gpu: GpuType) -> Catalog:
@@ -83,9 +83,7 @@ def from_profile(catalog: Catalog, profile: Profile,
     g = catalog.model_row(profile.gpu)
     model = ModelSpec.from_dict(profile.model)
     dims, params = model._dims(), cost._core()
-    w = core.Workload()
-    w.seq_len, w.micro_batch_size = profile.seq_len, profile.micro_batch_size
-    w.num_microbatches, w.dp, w.global_batch_size = 1, 1, profile.micro_batch_size
+    w = shape_workload(profile.seq_len, profile.micro_batch_size)
     measured = profile.block_fwd_s + profile.block_bwd_s
 
     def block_s(eff: float) -> float:

@@ -149,9 +149,7 @@ class Profile:
         eff = gpu.efficiency if gpu.efficiency is not None else cost.efficiency
         # The analytic times the factors replace: one block and the head at the profile's
         # shape on one GPU (no TP), without recomputation.
-        w = core.Workload()
-        w.seq_len, w.micro_batch_size = s, b
-        w.num_microbatches, w.dp, w.global_batch_size = 1, 1, b
+        w = shape_workload(s, b)
         spec, params = gpu._spec(), cost._core()
         blk = core.block_times(dims, spec, params, w, 1)
         head = core.head_times(dims, spec, params, w, 1)
@@ -169,6 +167,15 @@ class Profile:
                        "[1e-6, 1e6]: is the catalog entry or the profile wrong?")
                 raise ProfileError(msg)
         return out
+
+
+def shape_workload(seq_len: int, micro_batch_size: int) -> Any:
+    """A core Workload of one micro-batch of this shape on one replica, without
+    recomputation: the shape a profile is measured at."""
+    w = core.Workload()
+    w.seq_len, w.micro_batch_size = seq_len, micro_batch_size
+    w.num_microbatches, w.dp, w.global_batch_size = 1, 1, micro_batch_size
+    return w
 
 
 def as_profiles(profiles: Any) -> dict[str, Profile]:

@@ -13,7 +13,7 @@ from _bruteforce import brute_force
 from test_search import SMALL
 
 import espresso as es
-from espresso.profile import as_profiles
+from espresso.profile import as_profiles, shape_workload
 
 COST = es.CostParams(reserved_gb=0.0)
 
@@ -26,8 +26,7 @@ def profile_with(model: es.ModelSpec, gpu: es.GpuType, *, fwd: float = 1.0, bwd:
     from espresso._native import core
 
     dims, s, b = model._dims(), seq_len, micro_batch_size
-    w = core.Workload()
-    w.seq_len, w.micro_batch_size, w.num_microbatches, w.global_batch_size = s, b, 1, b
+    w = shape_workload(s, b)
     blk = core.block_times(dims, gpu._spec(), cost._core(), w, 1)
     head = core.head_times(dims, gpu._spec(), cost._core(), w, 1)
     act_bytes = core.block_activation_bytes(dims, cost._core(), s, b, 1)
@@ -76,8 +75,7 @@ def test_measured_times_replace_the_analytic_ones_exactly(plan4: es.Plan) -> Non
     from espresso._native import core
 
     def analytic(b: int) -> float:
-        w = core.Workload()
-        w.seq_len, w.micro_batch_size, w.num_microbatches, w.global_batch_size = 8, b, 1, b
+        w = shape_workload(8, b)
         return float(core.block_times(model._dims(), es.Catalog.builtin("gpus")["L4"]._spec(),
                                       COST._core(), w, 1).fwd)
 

@@ -136,7 +136,6 @@ void register_cost_model(py::module_& m) {
         .def_readonly("send_s", &StageEstimate::send_s)
         .def_readonly("send_intra_node", &StageEstimate::send_intra_node)
         .def_readonly("dp_allreduce_s", &StageEstimate::dp_allreduce_s)
-        .def_readonly("dp_comm_s", &StageEstimate::dp_comm_s)
         .def_readonly("optimizer_step_s", &StageEstimate::optimizer_step_s);
 
     py::class_<EstimateResult>(m, "EstimateResult")

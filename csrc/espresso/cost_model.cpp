@@ -319,20 +319,16 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     // Gradients are reduced as the backward of the last micro-batch produces them (DDP's
     // buckets, Megatron's overlap_grad_reduce): only what outlasts that backward is exposed.
     const double window = params.overlap_grad_reduce ? e.bwd_s : 0.0;
-    const double M = d(work.num_microbatches);
     switch (sharding) {
         case Sharding::None:
-            e.dp_comm_s = reduce;
             e.dp_allreduce_s = std::max(0.0, reduce - window);
             break;
         case Sharding::Zero1:
             // Reduce-scatter the gradients, step on the shard, all-gather the weights.
-            e.dp_comm_s = scatter + gather;
             e.dp_allreduce_s = std::max(0.0, scatter - window) + gather;
             break;
         case Sharding::Zero2:
             // Every micro-batch's gradients are reduce-scattered during its backward.
-            e.dp_comm_s = M * scatter + gather;
             e.bwd_s = std::max(e.bwd_s, scatter);
             e.dp_allreduce_s = gather;
             break;
@@ -340,7 +336,6 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
             // Weights gathered block by block in the forward and again in the backward,
             // prefetched under the previous block's compute; the first block's gather is
             // exposed. Gradients reduce-scattered as in ZeRO-2.
-            e.dp_comm_s = M * (2.0 * gather + scatter);
             if (num_layers > 0) {
                 e.fwd_s = std::max(e.fwd_s, gather) + gather / L;
                 e.bwd_s = std::max(e.bwd_s, gather + scatter) + gather / L;

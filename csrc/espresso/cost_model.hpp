@@ -149,7 +149,6 @@ struct StageEstimate {
     double send_s = 0;            // activation transfer to the next stage (0 for last)
     bool send_intra_node = false;
     double dp_allreduce_s = 0;    // DP gradient (and parameter) traffic left exposed per step
-    double dp_comm_s = 0;         // all DP traffic per step, before overlap
     double optimizer_step_s = 0;
 };
 

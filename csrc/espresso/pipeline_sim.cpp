@@ -51,6 +51,22 @@ void check_times(const std::vector<double>& v, const char* name) {
     }
 }
 
+void check_all_times(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
+                     const std::vector<double>& send_fwd_s, const std::vector<double>& send_bwd_s) {
+    check_times(fwd_s, "fwd_s");
+    check_times(bwd_s, "bwd_s");
+    check_times(send_fwd_s, "send_fwd_s");
+    check_times(send_bwd_s, "send_bwd_s");
+}
+
+// A stage (or device) that advanced may let a neighbour advance: queue it unless queued.
+void wake(std::int64_t n, std::vector<char>& queued, std::vector<std::int64_t>& work) {
+    if (!queued[static_cast<std::size_t>(n)]) {
+        queued[static_cast<std::size_t>(n)] = 1;
+        work.push_back(n);
+    }
+}
+
 }  // namespace
 
 Schedule schedule_as_run(Schedule schedule, std::int64_t num_stages,
@@ -103,10 +119,7 @@ PipelineResult simulate_pipeline(const std::vector<double>& fwd_s,
     if (schedule != Schedule::OneFOneB && schedule != Schedule::GPipe) {
         throw std::invalid_argument("unknown schedule");
     }
-    check_times(fwd_s, "fwd_s");
-    check_times(bwd_s, "bwd_s");
-    check_times(send_fwd_s, "send_fwd_s");
-    check_times(send_bwd_s, "send_bwd_s");
+    check_all_times(fwd_s, bwd_s, send_fwd_s, send_bwd_s);
 
     PipelineResult r;
     r.makespan_s = pipeline_makespan(fwd_s, bwd_s, send_fwd_s, send_bwd_s, M, schedule,
@@ -217,12 +230,8 @@ double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<dou
             advanced = true;
         }
         if (advanced) {
-            for (const std::int64_t n : {i - 1, i + 1}) {
-                if (n >= 0 && n < P && !queued[static_cast<std::size_t>(n)]) {
-                    queued[static_cast<std::size_t>(n)] = 1;
-                    work.push_back(n);
-                }
-            }
+            if (i > 0) wake(i - 1, queued, work);
+            if (i + 1 < P) wake(i + 1, queued, work);
         }
     }
     if (done != total) {
@@ -257,10 +266,7 @@ double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<
         throw std::invalid_argument(
             "interleaved_makespan: expected P*v forward and backward times and P*v-1 transfers");
     }
-    check_times(fwd_s, "fwd_s");
-    check_times(bwd_s, "bwd_s");
-    check_times(send_fwd_s, "send_fwd_s");
-    check_times(send_bwd_s, "send_bwd_s");
+    check_all_times(fwd_s, bwd_s, send_fwd_s, send_bwd_s);
 
     const std::int64_t per_device = 2 * M * v;
     // Operation k of device d: (backward, virtual stage, micro-batch).
@@ -324,13 +330,9 @@ double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<
             ++done;
             advanced = true;
         }
-        if (advanced) {
-            for (const std::int64_t n : {(d + P - 1) % P, (d + 1) % P}) {
-                if (!queued[static_cast<std::size_t>(n)]) {
-                    queued[static_cast<std::size_t>(n)] = 1;
-                    work.push_back(n);
-                }
-            }
+        if (advanced) {  // chunks wrap from the last device to the first
+            wake((d + P - 1) % P, queued, work);
+            wake((d + 1) % P, queued, work);
         }
     }
     if (done != P * per_device) {

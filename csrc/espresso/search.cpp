@@ -109,6 +109,7 @@ struct Combo {
     };
     std::vector<Option> options;
     std::vector<std::vector<double>> block_s;  // block_time() by type and width index
+    std::vector<std::vector<double>> head_s;   // head_time() by type and width index
 };
 
 // A total order on plans with equal objective, so the answer never depends on timing.
@@ -533,9 +534,11 @@ private:
         const std::int64_t L = model_.num_layers;
         c.options.resize(gpus_.size());
         c.block_s.resize(gpus_.size());
+        c.head_s.resize(gpus_.size());
         for (const std::int64_t t : order_) {
             for (const std::int64_t w : widths_[static_cast<std::size_t>(t)]) {
                 c.block_s[static_cast<std::size_t>(t)].push_back(block_time(c, t, w));
+                c.head_s[static_cast<std::size_t>(t)].push_back(head_time(c, t, w));
             }
         }
         for (const std::int64_t t : order_) {
@@ -551,7 +554,7 @@ private:
                 if (cap < 1) continue;
                 const double bt = c.block_s[st][wi];
                 o.widths.emplace_back(bt, cap);
-                o.head.push_back(head_time(c, t, w));
+                o.head.push_back(c.head_s[st][wi]);
                 o.t_min = std::min(o.t_min, bt);
                 o.t_max = std::max(o.t_max, bt);
                 if (w > 1) o.tp = true;
@@ -600,7 +603,8 @@ private:
     // bottleneck tau (per micro-batch) is the least tau at which every stage can take at
     // least one block and together they take all L, each at most min(tau / t_i, its memory
     // limit) blocks, t_i = block_time (the head and transfers only add).
-    // Time of one block for one micro-batch on a stage of `tp` GPUs of `type`.
+    // Time of one block for one micro-batch on a stage of `tp` GPUs of `type` (tabled per
+    // combo in block_s: the bounds read the table).
     double block_time(const Combo& c, std::int64_t type, std::int64_t tp) const {
         // Exactly the cost model's per-block time (stage_cost() charges L of these, then the
         // head, transfers and sharding traffic can only add).
@@ -636,7 +640,7 @@ private:
             const auto& ws = widths_[st];
             const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
             gs.push_back({c.block_s[st][wi], opt_.prune_memory ? c.max_layers[st][wi] : model_.num_layers,
-                          ch.count, head_time(c, ch.type, ch.tp)});
+                          ch.count, c.head_s[st][wi]});
         }
         return gs;
     }
@@ -718,8 +722,11 @@ private:
         if (c.work.schedule == Schedule::OneFOneB && n.stages > 1) {
             double t_min = kInf, head_min = kInf;  // the fastest block and LM head
             for (const Choice& ch : n.choices) {
-                t_min = std::min(t_min, block_time(c, ch.type, ch.tp));
-                head_min = std::min(head_min, head_time(c, ch.type, ch.tp));
+                const auto st = static_cast<std::size_t>(ch.type);
+                const auto& ws = widths_[st];
+                const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
+                t_min = std::min(t_min, c.block_s[st][wi]);
+                head_min = std::min(head_min, c.head_s[st][wi]);
             }
             // The second pipeline bound with k the bottleneck stage (w_k >= tau) and
             // sum_i w_i >= L blocks at the fastest per-block time (docs/search.md).
