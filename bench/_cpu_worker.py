@@ -12,7 +12,15 @@ import torch
 
 import espresso
 import espresso.torch as et
-from espresso.modules import build_block, build_embedding, build_head, lm_loss, tp_plan
+from espresso.modules import (
+    build_block,
+    build_embedding,
+    build_head,
+    embedding_tp_plan,
+    head_tp_plan,
+    lm_loss,
+    tp_plan,
+)
 
 
 def main() -> None:
@@ -30,7 +38,8 @@ def main() -> None:
 
     torch.manual_seed(0)
     rt = et.setup(plan, embedding=build_embedding(m), blocks=block, num_blocks=m.num_layers,
-                  head=build_head(m), loss_fn=lm_loss(m), tp_plan=tp_plan(m))
+                  head=build_head(m), loss_fn=lm_loss(m), tp_plan=tp_plan(m),
+                  embedding_tp_plan=embedding_tp_plan(m), head_tp_plan=head_tp_plan(m))
     opt = torch.optim.AdamW(rt.module.parameters(), lr=1e-3)
     per = plan.micro_batch_size * plan.num_microbatches
     gen = torch.Generator().manual_seed(rt.info.replica)

@@ -76,17 +76,18 @@ def check_plan(plan: Plan, num_blocks: int, batch_size: int | None = None, *,
                tp_plan: TPPlan | None = None) -> None:
     """Refuse a plan that does not match the model (or the runner) with a clear message."""
     check_runnable(plan, num_blocks, batch_size)
-    if plan.sequence_parallel and any(st.tp > 1 for st in plan.stages):
-        msg = ("the plan has sequence_parallel, which the runner does not implement yet: its "
-               "TP stages would hold the replicated activations the estimate splits; plan "
-               "without it (sequence_parallel=False)")
-        raise PlanError(msg)
+    for i, st in enumerate(plan.stages):
+        if plan.sequence_parallel and st.tp > 1 and plan.job.seq_len % st.tp:
+            msg = (f"stage {i} has tp {st.tp} and the plan has sequence_parallel, which splits "
+                   f"each micro-batch's {plan.job.seq_len} tokens over the TP group: tp must "
+                   "divide seq_len")
+            raise PlanError(msg)
     for i, st in enumerate(plan.stages):
         if st.tp == 1:
             continue
         if tp_plan is None:
             msg = (f"stage {i} has tp {st.tp}: give setup(tp_plan=...) saying which layers of a "
-                   "block to split (e.g. {'attn.q': 'colwise', ..., 'mlp.fc2': 'rowwise'}), "
+                   "block to split (e.g. {'attn.qkv': 'colwise', ..., 'mlp.fc2': 'rowwise'}), "
                    "or plan with max_tp=1")
             raise PlanError(msg)
         stage_cls = _pipelining().PipelineStage
@@ -131,44 +132,170 @@ def stage_module(plan: Plan, stage: int, *, embedding: _nn.Module,
     return seq
 
 
+_MODULE_ROLES = ("block", "embedding", "head")
+
+
+def _style(name: str, style: Any, role: str, sequence_parallel: bool) -> Any:
+    """A ``parallelize_module`` style from a plan entry: a ParallelStyle is used as given;
+    ``"colwise"``/``"rowwise"`` become the style that keeps what flows between the stage's
+    modules as :func:`setup` lays it out (replicated, or sequence shards inside the blocks
+    under sequence parallelism; the head's logits gathered for the leader's loss)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    if not isinstance(style, str):
+        return style
+    if style not in ("colwise", "rowwise"):
+        msg = f"{role} tp_plan[{name!r}]: expected 'colwise' or 'rowwise', got {style!r}"
+        raise PlanError(msg)
+    colwise = style == "colwise"
+    if role == "embedding":
+        return (ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+                if colwise else RowwiseParallel(input_layouts=Replicate()))
+    if role == "head":
+        return (ColwiseParallel(output_layouts=Replicate()) if colwise
+                else RowwiseParallel(input_layouts=Shard(-1)))
+    if sequence_parallel:
+        # Megatron-LM's sequence parallelism: the residual stream, the norms and the
+        # element-wise work hold 1/tp of the tokens; a column-split projection all-gathers its
+        # input, a row-split one reduce-scatters its output.
+        return (ColwiseParallel(input_layouts=Shard(1)) if colwise
+                else RowwiseParallel(output_layouts=Shard(1)))
+    return ColwiseParallel() if colwise else RowwiseParallel()
+
+
+def _parallelize(module: _nn.Module, tp_mesh: Any, tp_plan: TPPlan | str, role: str,
+                 where: str, sequence_parallel: bool = False) -> _nn.Module:
+    """Split one module over the TP mesh as ``tp_plan`` says; returns the module to use."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if callable(tp_plan) and not isinstance(tp_plan, Mapping):
+        out = tp_plan(module, tp_mesh)
+        return module if out is None else out
+    if not isinstance(tp_plan, Mapping):  # one style for the module itself
+        parallelize_module(module, tp_mesh, _style("", tp_plan, role, sequence_parallel))
+        return module
+    resolved = {}
+    for name, style in tp_plan.items():
+        if "*" not in name:
+            try:
+                module.get_submodule(name)
+            except AttributeError:
+                msg = (f"{role} tp_plan names {name!r}, but {where} "
+                       f"({type(module).__name__}) has no such submodule")
+                raise PlanError(msg) from None
+        resolved[name] = _style(name, style, role, sequence_parallel)
+    parallelize_module(module, tp_mesh, resolved)
+    return module
+
+
 def parallelize_blocks(module: _nn.Module, plan: Plan, stage: int, tp_mesh: Any,
                        tp_plan: TPPlan) -> None:
     """Split every transformer block of a stage module (from :func:`stage_module`) over the TP
-    mesh; the embedding and head stay replicated."""
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    mesh (with sequence-parallel layouts when the plan has ``sequence_parallel``)."""
     first = 1 if stage == 0 else 0
     n = plan.stages[stage].num_layers
     assert isinstance(module, nn.Sequential)
     for j in range(first, first + n):
-        block = module[j]
-        if callable(tp_plan) and not isinstance(tp_plan, Mapping):
-            out = tp_plan(block, tp_mesh)
-            if out is not None and out is not block:
-                module[j] = out
-            continue
-        resolved = {}
-        for name, style in tp_plan.items():
-            if "*" not in name:
-                try:
-                    block.get_submodule(name)
-                except AttributeError:
-                    index = plan.stages[stage].layers[0] + j - first
-                    msg = (f"tp_plan names {name!r}, but block {index} "
-                           f"({type(block).__name__}) has no such submodule")
-                    raise PlanError(msg) from None
-            if isinstance(style, str):
-                if style not in styles:
-                    msg = f"tp_plan[{name!r}]: expected 'colwise' or 'rowwise', got {style!r}"
-                    raise PlanError(msg)
-                style = styles[style]()
-            resolved[name] = style
-        parallelize_module(block, tp_mesh, resolved)
+        index = plan.stages[stage].layers[0] + j - first
+        module[j] = _parallelize(module[j], tp_mesh, tp_plan, "block", f"block {index}",
+                                 plan.sequence_parallel)
+
+
+def parallelize_vocab(module: _nn.Module, plan: Plan, stage: int, tp_mesh: Any,
+                      embedding_tp_plan: TPPlan | str | None,
+                      head_tp_plan: TPPlan | str | None) -> None:
+    """Split the embedding (stage 0) and the head (last stage) of a stage module over the TP
+    mesh by vocabulary, where plans for them are given: each rank holds ``vocab / tp`` rows of
+    the embedding and computes ``vocab / tp`` of the logits, which are gathered for the loss."""
+    assert isinstance(module, nn.Sequential)
+    if stage == 0 and embedding_tp_plan is not None:
+        module[0] = _parallelize(module[0], tp_mesh, embedding_tp_plan, "embedding",
+                                 "the embedding")
+    if stage == plan.num_stages - 1 and head_tp_plan is not None:
+        module[-1] = _parallelize(module[-1], tp_mesh, head_tp_plan, "head", "the head")
+
+
+class _ScatterSequence(torch.autograd.Function):  # type: ignore[misc, name-defined]
+    """This TP rank's share of the tokens (dim 1) of a replicated tensor; backward gathers the
+    shares' gradients into the whole one."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, group: Any) -> Any:
+        ctx.group = group
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        return x.chunk(size, dim=1)[rank].contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        return _gather_tokens(grad, ctx.group), None
+
+
+class _GatherSequence(torch.autograd.Function):  # type: ignore[misc, name-defined]
+    """The whole tensor from every TP rank's share of its tokens; backward keeps this rank's
+    share of the (replicated) gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, group: Any) -> Any:
+        ctx.group = group
+        return _gather_tokens(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        size, rank = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
+        return grad.chunk(size, dim=1)[rank].contiguous(), None
+
+
+def _gather_tokens(x: Any, group: Any) -> Any:
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=1)
+
+
+class SequenceBoundary(nn.Module):  # type: ignore[misc, name-defined]
+    """Where a sequence-parallel TP stage's blocks begin (``scatter``: keep this rank's tokens)
+    or end (gather every rank's tokens), so what the stage passes on stays replicated."""
+
+    def __init__(self, group: Any, scatter: bool) -> None:
+        super().__init__()
+        self._group, self.scatter = group, scatter
+
+    def forward(self, x: Any) -> Any:
+        fn = _ScatterSequence if self.scatter else _GatherSequence
+        return fn.apply(x, self._group)
+
+
+def _token_partial(module: _nn.Module, plan: Plan, stage: int) -> list[tuple[Any, str]]:
+    """The block parameters that TP leaves whole (norms, biases of no split projection): under
+    sequence parallelism each rank sees only its tokens, so their gradients are partial sums,
+    added over the TP group after the step (Megatron-LM does the same)."""
+    from torch.distributed.tensor import DTensor
+
+    assert isinstance(module, nn.Sequential)
+    first = 1 if stage == 0 else 0
+    out = []
+    for j in range(first, first + plan.stages[stage].num_layers):
+        for sub in module[j].modules():
+            for name, p in sub.named_parameters(recurse=False):
+                if p.requires_grad and not isinstance(p, DTensor):
+                    out.append((sub, name))
+    return out
+
+
+def _sum_grads_over(params: list[Any], group: Any, scale: float = 1.0) -> None:
+    """Add the local gradients (shards) over a group in one all-reduce, times ``scale``."""
+    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+             for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    if scale != 1.0:
+        flat *= scale
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 # ------------------------------------------------------------------ TP leader/follower
@@ -352,21 +479,8 @@ def _follow(module: _nn.Module, bridge: _TPBridge) -> int:
 
 def _average_grads(params: list[Any], group: Any, size: int) -> None:
     """Average the local gradient (shards) over a data-parallel group in one all-reduce."""
-    grads = []
-    for p in params:
-        if p.grad is None:
-            continue
-        g = p.grad
-        grads.append(g.to_local() if hasattr(g, "to_local") else g)
-    if not grads or size == 1:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=group)
-    flat /= size
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
+    if size > 1:
+        _sum_grads_over(params, group, scale=1.0 / size)
 
 
 def shutdown() -> None:
@@ -409,6 +523,9 @@ class StageRuntime:
     """The plan's sharding of this stage's model states over its data-parallel group."""
     _bridge: _TPBridge | None = None
     _avg_grads: bool = False
+    _token_partial: list[tuple[Any, str]] | None = None
+    """Block parameters whose gradients are summed over the TP group after a step (sequence
+    parallelism: each rank saw only its tokens)."""
     _grad_scale: int = 1
     """A TP follower divides its gradients by this after a step, as its leader's schedule
     does (the mean over micro-batches)."""
@@ -467,6 +584,8 @@ class StageRuntime:
                 self.schedule.step(**kw)
             if self._bridge is not None:
                 self._bridge.send(_END)
+        if self._token_partial:
+            _sum_grads_over([getattr(m, n) for m, n in self._token_partial], self.tp_group)
         if self._avg_grads:
             _average_grads(list(self.module.parameters()), self.dp_group,
                            dist.get_world_size(self.dp_group))
@@ -477,6 +596,7 @@ def setup(plan: Plan, *, embedding: _nn.Module,
           blocks: Sequence[_nn.Module] | Callable[[int], _nn.Module], head: _nn.Module,
           loss_fn: Callable[..., Any], num_blocks: int | None = None,
           tp_plan: TPPlan | None = None,
+          embedding_tp_plan: TPPlan | str | None = None, head_tp_plan: TPPlan | str | None = None,
           device: Any = None, backend: str | None = None, rank: int | None = None,
           world_size: int | None = None) -> StageRuntime:
     """Build this rank's stage, schedule and groups from the plan.
@@ -489,6 +609,11 @@ def setup(plan: Plan, *, embedding: _nn.Module,
     ``tp_plan`` says how to split a block over a stage's TP group (see :data:`TPPlan`); it is
     needed when any stage has ``tp > 1``, and the blocks must read their local head count
     from the tensor shapes (``q.view(b, s, -1, head_dim)``), as in ``examples/train_gpt.py``.
+    ``embedding_tp_plan`` and ``head_tp_plan`` split the embedding and the head of a TP stage
+    by vocabulary (``"rowwise"`` for an ``nn.Embedding``, ``"colwise"`` for the head's
+    ``nn.Linear``, or a plan of their submodules such as ``{"tok": "rowwise"}``); without them
+    those stay whole on every TP rank. Under ``plan.sequence_parallel`` the blocks of a TP
+    stage hold their tokens split over the TP group (docs/runner.md, "Sequence parallelism").
     """
     n_blocks = num_blocks if num_blocks is not None else (
         len(blocks) if not callable(blocks) or isinstance(blocks, nn.Module) else None)
@@ -539,14 +664,25 @@ def setup(plan: Plan, *, embedding: _nn.Module,
     bridge = None
     # PyTorch's schedules average gradients over micro-batches (scale_grads=True).
     grad_scale = plan.num_microbatches
+    sp = tp > 1 and plan.sequence_parallel
+    token_partial = None
     if tp > 1:
         assert tp_plan is not None
         parallelize_blocks(module, plan, info.stage, mesh["tp"], tp_plan)
+        parallelize_vocab(module, plan, info.stage, mesh["tp"], embedding_tp_plan, head_tp_plan)
+        if sp:
+            token_partial = _token_partial(module, plan, info.stage)
     if plan.recompute != "none":
         wrap_blocks(module, plan, info.stage, lambda blk: recomputed(blk, plan.recompute))
     fsdp = plan.sharding in ("zero2", "fsdp") and plan.dp > 1
     if fsdp:
         shard_stage(module, plan, info.stage, mesh["dp"])
+    if sp and plan.stages[info.stage].num_layers > 0:
+        assert isinstance(module, nn.Sequential)
+        start = 1 if info.stage == 0 else 0
+        module.insert(start + plan.stages[info.stage].num_layers,
+                      SequenceBoundary(tp_group, scatter=False))
+        module.insert(start, SequenceBoundary(tp_group, scatter=True))
     if tp > 1:
         bridge = _TPBridge(tp_group, leader, device)
         if info.tp_index > 0:
@@ -554,7 +690,7 @@ def setup(plan: Plan, *, embedding: _nn.Module,
                                 dp_group=dp_group, pp_group=None, tp_group=tp_group,
                                 num_stages=plan.num_stages, sharding=plan.sharding,
                                 _bridge=bridge, _avg_grads=plan.dp > 1 and not fsdp,
-                                _grad_scale=grad_scale)
+                                _token_partial=token_partial, _grad_scale=grad_scale)
         module = _TPLeader(module, bridge)
     elif plan.dp > 1 and not fsdp:
         module = nn.parallel.DistributedDataParallel(
@@ -578,4 +714,5 @@ def setup(plan: Plan, *, embedding: _nn.Module,
     return StageRuntime(info=info, module=module, stage=stage, schedule=schedule, mesh=mesh,
                         dp_group=dp_group, pp_group=pp_group, tp_group=tp_group,
                         num_stages=plan.num_stages, sharding=plan.sharding, _bridge=bridge,
-                        _avg_grads=bridge is not None and plan.dp > 1 and not fsdp)
+                        _avg_grads=bridge is not None and plan.dp > 1 and not fsdp,
+                        _token_partial=token_partial)

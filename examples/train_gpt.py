@@ -6,7 +6,9 @@
 Each process reads the plan (ESPRESSO_PLAN or --plan), builds only its own stage (blocks come
 from a factory), and trains on synthetic tokens, logging loss and step time on the last stage.
 Stages with tp > 1 split each block's attention and MLP matrices over their TP group
-(TP_PLAN: Megatron's column-then-row split). Works on CPU with gloo and on GPUs with NCCL.
+(TP_PLAN: Megatron's column-then-row split) and the embedding and head by vocabulary; the tp
+example plan also has sequence_parallel, so its blocks hold half the tokens each. Works on CPU
+with gloo and on GPUs with NCCL.
 
     espresso launch examples/plans/tiny-gpt-tp.json --local --script examples/train_gpt.py
 """
@@ -26,19 +28,21 @@ import espresso.torch as et
 
 
 class Attention(nn.Module):
-    """Causal self-attention. The head count is read from the projections' output width, so
-    the same code runs on a TP rank that holds only heads / tp of them."""
+    """Causal self-attention with one fused QKV projection, laid out head by head (q, k, v of
+    head 0, then of head 1, ...) so that a column split over TP ranks gives each rank whole
+    heads. Head and token counts are read from the projection's output, so the same code runs
+    on a TP rank that holds heads / tp of them, and under sequence parallelism, where the
+    block's input holds only this rank's share of the tokens."""
 
     def __init__(self, h: int, heads: int) -> None:
         super().__init__()
         self.head_dim = h // heads
-        self.q, self.k, self.v = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
-        self.o = nn.Linear(h, h)
+        self.qkv, self.o = nn.Linear(h, 3 * h), nn.Linear(h, h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        q, k, v = (p(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-                   for p in (self.q, self.k, self.v))
+        y = self.qkv(x)
+        b, s = y.shape[:2]
+        q, k, v = y.view(b, s, -1, 3, self.head_dim).permute(3, 0, 2, 1, 4)
         y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o(y.transpose(1, 2).reshape(b, s, -1))
 
@@ -65,10 +69,12 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-# How a stage with tp > 1 splits a block: q, k, v and fc1 by output columns (each rank gets
-# whole heads), o and fc2 by input rows, so each half needs one all-reduce (Megatron-LM).
-TP_PLAN = {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.o": "rowwise",
-           "mlp.fc1": "colwise", "mlp.fc2": "rowwise"}
+# How a stage with tp > 1 splits a block: qkv and fc1 by output columns (each rank gets
+# whole heads), o and fc2 by input rows, so each half needs one all-reduce (Megatron-LM);
+# and the embedding and head by vocabulary.
+TP_PLAN = {"attn.qkv": "colwise", "attn.o": "rowwise", "mlp.fc1": "colwise", "mlp.fc2": "rowwise"}
+EMBEDDING_TP_PLAN = {"tok": "rowwise"}
+HEAD_TP_PLAN = {"out": "colwise"}
 
 
 class Embed(nn.Module):
@@ -137,7 +143,8 @@ def main() -> None:
         return
 
     rt = et.setup(plan, embedding=embed, blocks=block, num_blocks=m.num_layers, head=head,
-                  loss_fn=loss_fn, tp_plan=TP_PLAN)
+                  loss_fn=loss_fn, tp_plan=TP_PLAN, embedding_tp_plan=EMBEDDING_TP_PLAN,
+                  head_tp_plan=HEAD_TP_PLAN)
     opt = rt.optimizer(torch.optim.AdamW, lr=args.lr)  # sharded as the plan says
     per_replica = plan.micro_batch_size * plan.num_microbatches
     dev = next(rt.module.parameters()).device

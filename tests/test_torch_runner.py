@@ -50,7 +50,7 @@ FP32 = es.CostParams(bytes_per_weight=4, bytes_per_grad=4)
 
 def make_plan(stages: list[tuple[int, int]], dp: int, m: int, schedule: str,
               tp: tuple[int, ...] | None = None, *, sharding: str = "none",
-              recompute: str = "none") -> es.Plan:
+              recompute: str = "none", sequence_parallel: bool = False) -> es.Plan:
     model = es.ModelSpec(name="tiny", num_layers=L, hidden_size=H, num_heads=2, vocab_size=V)
     job = es.Job(model=model, seq_len=SEQ, global_batch_size=dp * m, iterations=1,
                  deadline_hours=1, optimizer="sgd")
@@ -58,7 +58,8 @@ def make_plan(stages: list[tuple[int, int]], dp: int, m: int, schedule: str,
     return es.Plan(job=job, dp=dp, micro_batch_size=1, num_microbatches=m, schedule=schedule,
                    stages=tuple(es.Stage(gpu="L4", layers=s, tp=t)
                                 for s, t in zip(stages, tps, strict=True)),
-                   sharding=sharding, recompute=recompute, cost_model=FP32)
+                   sharding=sharding, recompute=recompute,
+                   sequence_parallel=sequence_parallel, cost_model=FP32)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -93,8 +94,10 @@ def worker(rank: int, plan_json: str, port: int) -> None:
     ref_loss = loss_fn(ref(x), y)
     ref_loss.backward()
 
+    # The embedding and head of a TP stage split by vocabulary.
     rt = et.setup(plan, embedding=emb, blocks=blocks, head=head, loss_fn=loss_fn,
-                  rank=rank, world_size=world, tp_plan=TP_PLAN)
+                  rank=rank, world_size=world, tp_plan=TP_PLAN, embedding_tp_plan="rowwise",
+                  head_tp_plan="colwise")
     tp = plan.stages[rt.info.stage].tp
     sharded = plan.sharding in ("zero2", "fsdp") and plan.dp > 1
     for blk in blocks[slice(*plan.stages[rt.info.stage].layers)]:
@@ -103,9 +106,20 @@ def worker(rank: int, plan_json: str, port: int) -> None:
         rows = 4 * H // tp // (plan.dp if sharded else 1)
         assert _local(blk.fc1.weight).shape == (rows, H)
         assert hasattr(blk.fc2.weight, "to_local") == (tp > 1 or sharded)
+    if tp > 1:  # 1/tp of the vocabulary (rows of the embedding, columns of the logits)
+        split = V // tp // (plan.dp if sharded else 1)
+        if rt.is_first:
+            assert _local(emb.weight).shape == (split, H)
+        if rt.is_last:
+            assert _local(head.weight).shape == (split, H)
     r, per = rt.info.replica, plan.micro_batch_size * plan.num_microbatches
     xs, ys = x[r * per:(r + 1) * per], y[r * per:(r + 1) * per]
+    tokens: list[int] = []  # how many tokens of a micro-batch this rank's blocks see
+    a0 = plan.stages[rt.info.stage].layers[0]
+    hook = blocks[a0].register_forward_pre_hook(lambda _m, args: tokens.append(args[0].shape[1]))
     losses = rt.step(xs, ys)
+    hook.remove()
+    assert tokens and set(tokens) == {SEQ // tp if plan.sequence_parallel else SEQ}
     assert (losses is not None) == rt.reports_loss
     if rt.reports_loss:
         assert losses is not None
@@ -162,48 +176,54 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize(
-    ("stages", "dp", "m", "schedule", "tp"),
+    ("stages", "dp", "m", "schedule", "tp", "sp"),
     [
-        ([(0, 1), (1, 4)], 1, 4, "1f1b", None),   # two stages, uneven split
-        ([(0, 3), (3, 4)], 2, 2, "1f1b", None),   # pp 2 x dp 2
-        ([(0, 2), (2, 4)], 1, 3, "gpipe", None),  # GPipe
-        ([(0, 1), (1, 4)], 1, 4, "1f1b", (2, 1)),  # tp 2 feeding tp 1
-        ([(0, 3), (3, 4)], 2, 2, "gpipe", (1, 2)),  # tp 1 feeding tp 2, dp 2
-        ([(0, 4)], 1, 2, "1f1b", (2,)),  # one stage of tp 2
-        ([(0, 1), (1, 2), (2, 4)], 1, 2, "1f1b", None),  # 1F1B, fewer micro-batches than stages
+        ([(0, 1), (1, 4)], 1, 4, "1f1b", None, False),   # two stages, uneven split
+        ([(0, 3), (3, 4)], 2, 2, "1f1b", None, False),   # pp 2 x dp 2
+        ([(0, 2), (2, 4)], 1, 3, "gpipe", None, False),  # GPipe
+        ([(0, 1), (1, 4)], 1, 4, "1f1b", (2, 1), False),  # tp 2 feeding tp 1
+        ([(0, 3), (3, 4)], 2, 2, "gpipe", (1, 2), False),  # tp 1 feeding tp 2, dp 2
+        ([(0, 4)], 1, 2, "1f1b", (2,), False),  # one stage of tp 2
+        ([(0, 1), (1, 2), (2, 4)], 1, 2, "1f1b", None, False),  # 1F1B, M below stages
+        ([(0, 1), (1, 4)], 1, 4, "1f1b", (2, 1), True),   # sequence parallelism on stage 0
+        ([(0, 3), (3, 4)], 2, 2, "gpipe", (1, 2), True),  # ... on the last stage, dp 2
     ],
-    ids=["uneven-1f1b", "pp2xdp2", "gpipe", "tp2-tp1", "tp1-tp2-dp2", "tp2-alone", "m-below-pp"],
+    ids=["uneven-1f1b", "pp2xdp2", "gpipe", "tp2-tp1", "tp1-tp2-dp2", "tp2-alone", "m-below-pp",
+         "tp2-sp-tp1", "tp1-tp2-sp-dp2"],
 )
 def test_pipeline_matches_single_process(stages: list[tuple[int, int]], dp: int, m: int,
-                                         schedule: str, tp: tuple[int, ...] | None) -> None:
-    plan = make_plan(stages, dp, m, schedule, tp)
+                                         schedule: str, tp: tuple[int, ...] | None,
+                                         sp: bool) -> None:
+    plan = make_plan(stages, dp, m, schedule, tp, sequence_parallel=sp)
     torch.multiprocessing.spawn(worker, args=(plan.to_json(), free_port()),
                                 nprocs=plan.num_gpus, join=True)
 
 
 @pytest.mark.parametrize(
-    ("stages", "tp", "sharding", "recompute"),
+    ("stages", "tp", "sharding", "recompute", "sp"),
     [
-        ([(0, 4)], None, "zero1", "none"),
-        ([(0, 4)], None, "zero2", "none"),
-        ([(0, 4)], None, "fsdp", "full"),
-        ([(0, 2), (2, 4)], None, "fsdp", "selective"),
-        ([(0, 3), (3, 4)], (2, 1), "fsdp", "none"),   # FSDP over TP shards (2-D)
+        ([(0, 4)], None, "zero1", "none", False),
+        ([(0, 4)], None, "zero2", "none", False),
+        ([(0, 4)], None, "fsdp", "full", False),
+        ([(0, 2), (2, 4)], None, "fsdp", "selective", False),
+        ([(0, 3), (3, 4)], (2, 1), "fsdp", "none", False),   # FSDP over TP shards (2-D)
+        ([(0, 3), (3, 4)], (2, 1), "zero2", "selective", True),   # ... with sequence parallelism
     ],
-    ids=["zero1", "zero2", "fsdp-full", "pp2-fsdp-selective", "tp2-fsdp"],
+    ids=["zero1", "zero2", "fsdp-full", "pp2-fsdp-selective", "tp2-fsdp", "tp2-sp-zero2"],
 )
 def test_sharded_plans_match_single_process(stages: list[tuple[int, int]],
                                             tp: tuple[int, ...] | None, sharding: str,
-                                            recompute: str, tmp_path: Path,
+                                            recompute: str, sp: bool, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Sharded data parallelism (dp 2, 2 micro-batches per replica) and recomputation: the
     same losses, gradients and AdamW step as one process; and each rank holds the model
     states the estimate says (weights, gradients, optimizer states per GPU)."""
-    plan = make_plan(stages, 2, 2, "1f1b", tp, sharding=sharding, recompute=recompute)
+    plan = make_plan(stages, 2, 2, "1f1b", tp, sharding=sharding, recompute=recompute,
+                     sequence_parallel=sp)
     monkeypatch.setenv("ESPRESSO_TEST_STATES", str(tmp_path))
     torch.multiprocessing.spawn(worker, args=(plan.to_json(), free_port()),
                                 nprocs=plan.num_gpus, join=True)
-    plain = make_plan(stages, 2, 2, "1f1b", tp)
+    plain = make_plan(stages, 2, 2, "1f1b", tp, sequence_parallel=sp)
     (tmp_path / "plain").mkdir()
     monkeypatch.setenv("ESPRESSO_TEST_STATES", str(tmp_path / "plain"))
     torch.multiprocessing.spawn(worker, args=(plain.to_json(), free_port()),
@@ -267,9 +287,13 @@ def test_mismatched_plans_are_refused() -> None:
                               {"fc1": "cols"})
     from dataclasses import replace
 
-    with pytest.raises(PlanError, match="sequence_parallel, which the runner does not"):
-        et.setup(replace(tp2, sequence_parallel=True), embedding=emb, blocks=blocks, head=head,
+    odd = replace(tp2, sequence_parallel=True,
+                  job=replace(tp2.job, seq_len=7))
+    with pytest.raises(PlanError, match="tp must divide seq_len"):
+        et.setup(odd, embedding=emb, blocks=blocks, head=head,
                  loss_fn=loss_fn, tp_plan=TP_PLAN, rank=0, world_size=tp2.num_gpus)
+    with pytest.raises(PlanError, match="head tp_plan names 'out'"):
+        et.parallelize_vocab(torch.nn.Sequential(emb, head), tp2, 1, None, None, {"out": "colwise"})
     assert not torch.distributed.is_initialized()  # refused before any process group
 
 
@@ -339,3 +363,61 @@ def test_printed_torchrun_commands_run_as_two_nodes(tmp_path: Path) -> None:
     want = [float(x) for x in re.findall(r"loss (\S+),", ref.stdout)]
     assert len(got) == len(want) == 2
     assert got == pytest.approx(want, abs=2e-4)
+
+
+GQA = es.ModelSpec(name="tiny-gqa", num_layers=2, hidden_size=32, num_heads=4, num_kv_heads=2,
+                   ffn_hidden_size=48, vocab_size=64, gated_mlp=True)
+
+
+def builtin_worker(rank: int, plan_json: str, port: int) -> None:
+    """The built-in modules (fused QKV of grouped-query attention, fused gate-up, rotary
+    positions) split over TP ranks with sequence parallelism and a vocabulary-parallel
+    embedding and head: losses and every gradient equal one process's."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import espresso.torch as et
+    from espresso import modules as em
+
+    plan = es.Plan.from_json(plan_json)
+
+    def build() -> tuple[torch.nn.Module, list[torch.nn.Module], torch.nn.Module]:
+        torch.manual_seed(0)
+        return (em.build_embedding(GQA), [em.build_block(GQA) for _ in range(GQA.num_layers)],
+                em.build_head(GQA))
+
+    emb, blocks, head = build()
+    ref_emb, ref_blocks, ref_head = build()
+    B, S = plan.job.global_batch_size, plan.job.seq_len
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, GQA.vocab_size, (B, S), generator=g)
+    y = torch.randint(0, GQA.vocab_size, (B, S), generator=g)
+    loss = em.lm_loss(GQA)
+    ref_loss = loss(torch.nn.Sequential(ref_emb, *ref_blocks, ref_head)(x), y)
+    ref_loss.backward()
+    rt = et.setup(plan, embedding=emb, blocks=blocks, head=head, loss_fn=loss, rank=rank,
+                  world_size=plan.num_gpus, tp_plan=em.tp_plan(GQA),
+                  embedding_tp_plan=em.embedding_tp_plan(GQA), head_tp_plan=em.head_tp_plan(GQA))
+    losses = rt.step(x, y)
+    if rt.reports_loss:
+        assert losses is not None
+        assert torch.allclose(torch.stack(losses).mean(), ref_loss, atol=1e-5)
+    a, b = plan.stages[rt.info.stage].layers
+    mine = ([emb] if rt.is_first else []) + blocks[a:b] + ([head] if rt.is_last else [])
+    theirs = (([ref_emb] if rt.is_first else []) + ref_blocks[a:b]
+              + ([ref_head] if rt.is_last else []))
+    for m_mine, m_ref in zip(mine, theirs, strict=True):
+        for (n, p), (_, q) in zip(m_mine.named_parameters(), m_ref.named_parameters(),
+                                  strict=True):
+            grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            assert torch.allclose(grad, q.grad, atol=1e-5, rtol=1e-4), (rank, n)
+    if rt.info.stage == 0:  # this rank holds 2 of the 4 query heads and 1 of the 2 KV heads
+        assert _local(blocks[0].attn.qkv.weight).shape == ((2 + 2 * 1) * GQA.head_dim, 32)
+    et.shutdown()
+
+
+def test_builtin_modules_with_sequence_parallelism_match_single_process() -> None:
+    job = es.Job(model=GQA, seq_len=8, global_batch_size=2, iterations=1, deadline_hours=1)
+    plan = es.Plan(job=job, micro_batch_size=1, num_microbatches=2, sequence_parallel=True,
+                   stages=(es.Stage(gpu="L4", layers=(0, 1), tp=2),
+                           es.Stage(gpu="L4", layers=(1, 2), tp=2)))
+    torch.multiprocessing.spawn(builtin_worker, args=(plan.to_json(), free_port()),
+                                nprocs=plan.num_gpus, join=True)
