@@ -91,6 +91,7 @@ class Workload:
     recompute: Recompute
     sharding: Sharding
     sequence_parallel: bool
+    virtual_stages: int
     optimizer_bytes_per_param: float
     iterations: float
     deadline_hours: float
@@ -198,6 +199,8 @@ def simulate_pipeline(fwd_s: list[float], bwd_s: list[float], send_fwd_s: list[f
 def interleaved_makespan(fwd_s: list[float], bwd_s: list[float], send_fwd_s: list[float],
                          send_bwd_s: list[float], num_devices: int,
                          num_microbatches: int) -> float: ...
+def interleaved_peak(per_chunk: list[float], num_devices: int, device: int,
+                     num_microbatches: int) -> float: ...
 def closed_form_s(fwd_s: list[float], bwd_s: list[float], num_microbatches: int) -> float: ...
 def in_flight(schedule: Schedule, stage: int, num_stages: int, num_microbatches: int) -> int: ...
 

@@ -35,6 +35,7 @@ def _workload(plan: Plan) -> Any:
     w.recompute = RECOMPUTE_CORE[plan.recompute]
     w.sharding = SHARDING_CORE[plan.sharding]
     w.sequence_parallel = plan.sequence_parallel
+    w.virtual_stages = plan.virtual_stages
     w.optimizer_bytes_per_param = job.optimizer_state_bytes
     w.iterations = float(job.num_iterations)
     w.deadline_hours = job.deadline_hours
@@ -74,6 +75,10 @@ def _reason(issue: Any, plan: Plan, names: list[str], res: Any, catalog: Catalog
     L = plan.job.model.num_layers
     if k == kind.OUT_OF_MEMORY:
         g = catalog[names[issue.gpu]]
+        if plan.virtual_stages > 1:
+            st = plan.stages[issue.stage]
+            group = ", ".join(str(i) for i in plan.device_stages(issue.stage))
+            where = f"GPU group {issue.stage} ({st.gpu}, tp {st.tp}, stages {group})"
         over = (issue.value - issue.limit) / GB
         return (
             f"{where} needs {issue.value / GB:.1f} GB per GPU but {issue.limit / GB:.1f} GB is "

@@ -35,20 +35,26 @@ class RankInfo:
 
     rank: int
     stage: int
+    """The rank's GPU group along the pipeline: its stage, or under interleaving
+    (``plan.virtual_stages > 1``) its first stage (it runs ``stages``)."""
     replica: int
     tp_index: int
     gpu: str
     layers: tuple[int, int]
+    """The blocks of ``stage``."""
+    stages: tuple[int, ...] = ()
+    """Every stage the rank runs (``(stage,)`` unless interleaved)."""
 
 
 def rank_layout(plan: Plan) -> list[RankInfo]:
-    """Every global rank of the plan, in rank order (see the module docstring)."""
+    """Every global rank of the plan, in rank order (see the module docstring); under
+    interleaving, GPU group by GPU group (``plan.pp`` of them)."""
     out: list[RankInfo] = []
-    for s, st in enumerate(plan.stages):
+    for s, st in enumerate(plan.stages[:plan.pp]):
         for r in range(plan.dp):
             for t in range(st.tp):
                 out.append(RankInfo(rank=len(out), stage=s, replica=r, tp_index=t, gpu=st.gpu,
-                                    layers=st.layers))
+                                    layers=st.layers, stages=plan.device_stages(s)))
     return out
 
 
@@ -210,7 +216,7 @@ def assign_hosts(plan: Plan, hosts: list[Host]) -> list[NodeAssignment]:
 
     need: dict[str, int] = {}
     example: dict[str, Stage] = {}
-    for st in plan.stages:
+    for st in plan.stages[:plan.pp]:
         k = need_key(st)
         need[k] = need.get(k, 0) + st.tp * plan.dp
         example.setdefault(k, st)
@@ -226,7 +232,7 @@ def assign_hosts(plan: Plan, hosts: list[Host]) -> list[NodeAssignment]:
     free = [h.gpus or 0 for h in hosts]
     assigned: list[list[int]] = []  # [host index, first rank, count]
     first = 0
-    for s, st in enumerate(plan.stages):
+    for s, st in enumerate(plan.stages[:plan.pp]):
         # A stage whose replicas fit one host goes there whole (its DP all-reduce then stays
         # on the host's links, as the cost model charges it); the model places ranks the
         # same way (docs/cost-model.md, "Communication between stages and replicas").

@@ -24,7 +24,8 @@ MAX_STAGES = 1024
 MAX_MICROBATCHES = 1 << 20
 
 _PLAN_KEYS = ("schema", "job", "dp", "micro_batch_size", "num_microbatches", "schedule",
-              "recompute", "sharding", "sequence_parallel", "stages", "gpus", "estimate",
+              "recompute", "sharding", "sequence_parallel", "virtual_stages", "stages", "gpus",
+              "estimate",
               "cost_model", "profiles", "stats", "domain")
 _OFFER_KEYS = ("provider", "region", "instance_type")
 
@@ -122,6 +123,13 @@ class Plan:
     sequence_parallel: bool = False
     """Tensor-parallel stages split the norms and dropouts along the sequence (Korthikanti
     et al. 2022): the same communication, less activation memory and work."""
+    virtual_stages: int = 1
+    """Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2): with ``v > 1`` the ``stages`` are
+    the model's ``P * v`` pipeline stages in order, run by ``P = num_stages / v`` groups of
+    GPUs (``pp``), stage ``s`` on group ``s % P`` (each group holds ``v`` chunks: stages
+    ``d, d + P, ...``, which must name the same GPU type, tp and offer). It cuts the
+    pipeline bubble ``v``-fold for more transfers and activation memory; needs the
+    ``1f1b`` schedule and ``num_microbatches`` a multiple of ``P``."""
     cost_model: CostParams = field(default_factory=CostParams)
     """Constants of the cost model the plan is estimated with."""
     estimate: Estimate | None = None
@@ -187,21 +195,59 @@ class Plan:
         set_(self, "sharding", v.choice("plan.sharding", self.sharding, SHARDING, err=PlanError))
         set_(self, "sequence_parallel",
              v.boolean("plan.sequence_parallel", self.sequence_parallel, err=PlanError))
+        set_(self, "virtual_stages",
+             v.integer("plan.virtual_stages", self.virtual_stages, minimum=1,
+                       maximum=MAX_STAGES, err=PlanError))
+        if self.virtual_stages > 1:
+            self._check_interleaving()
         set_(self, "profiles", as_profiles(self.profiles))
         if not isinstance(self.cost_model, CostParams):
             msg = f"plan.cost_model: expected CostParams, got {type(self.cost_model).__name__}"
             raise PlanError(msg)
 
+    def _check_interleaving(self) -> None:
+        n, vs = len(self.stages), self.virtual_stages
+        if n % vs or n // vs < 2:
+            msg = (f"plan.virtual_stages: {vs} chunks per GPU group need a multiple of {vs} "
+                   f"stages over at least 2 groups, got {n} stages")
+            raise PlanError(msg)
+        if self.schedule != "1f1b":
+            msg = (f"plan.virtual_stages: {vs} needs the 1f1b schedule (interleaved 1F1B), "
+                   f"got {self.schedule!r}")
+            raise PlanError(msg)
+        pp = n // vs
+        if self.num_microbatches % pp:
+            msg = (f"plan.num_microbatches: interleaved 1F1B over {pp} GPU groups needs a "
+                   f"multiple of {pp}, got {self.num_microbatches}")
+            raise PlanError(msg)
+        for i in range(pp, n):
+            a, b = self.stages[i % pp], self.stages[i]
+            if (a.gpu, a.tp, a.offer) != (b.gpu, b.tp, b.offer):
+                msg = (f"plan.stages[{i}]: runs on the GPUs of stage {i % pp} (virtual_stages "
+                       f"{vs} over {pp} groups), so needs its gpu, tp and offer "
+                       f"({a.gpu}, tp {a.tp}, {a.offer}); got ({b.gpu}, tp {b.tp}, {b.offer})")
+                raise PlanError(msg)
+
     # ------------------------------------------------------------------ derived
     @property
     def num_stages(self) -> int:
+        """Pipeline stages (``pp * virtual_stages``)."""
         return len(self.stages)
 
     @property
+    def pp(self) -> int:
+        """Groups of GPUs along the pipeline (one per stage unless interleaved)."""
+        return len(self.stages) // self.virtual_stages
+
+    def device_stages(self, group: int) -> tuple[int, ...]:
+        """The stages GPU group ``group`` runs: ``group, group + pp, ...``."""
+        return tuple(range(group, self.num_stages, self.pp))
+
+    @property
     def gpus(self) -> dict[str, int]:
-        """GPUs used per GPU type: ``dp * sum(tp)`` over the stages of that type."""
+        """GPUs used per GPU type: ``dp * sum(tp)`` over the GPU groups of that type."""
         out: dict[str, int] = {}
-        for st in self.stages:
+        for st in self.stages[:self.pp]:
             out[st.gpu] = out.get(st.gpu, 0) + st.tp * self.dp
         return out
 
@@ -252,7 +298,8 @@ class Plan:
         plan = cls(job=job, stages=stages, dp=dp, micro_batch_size=mbs, num_microbatches=m,
                    schedule=data.get("schedule", "1f1b"), recompute=data.get("recompute", "none"),
                    sharding=data.get("sharding", "none"),
-                   sequence_parallel=data.get("sequence_parallel", False), cost_model=cost,
+                   sequence_parallel=data.get("sequence_parallel", False),
+                   virtual_stages=data.get("virtual_stages", 1), cost_model=cost,
                    estimate=est, stats=data.get("stats"),
                    profiles=data.get("profiles") or {}, domain=data.get("domain"))
         if "gpus" in data:
@@ -284,6 +331,8 @@ class Plan:
             out["sharding"] = self.sharding
         if self.sequence_parallel:
             out["sequence_parallel"] = True
+        if self.virtual_stages > 1:
+            out["virtual_stages"] = self.virtual_stages
         changed = self.cost_model.to_dict(only_changed=True)
         if changed:
             out["cost_model"] = changed

@@ -95,6 +95,7 @@ void register_cost_model(py::module_& m) {
         .def_readwrite("recompute", &Workload::recompute)
         .def_readwrite("sharding", &Workload::sharding)
         .def_readwrite("sequence_parallel", &Workload::sequence_parallel)
+        .def_readwrite("virtual_stages", &Workload::virtual_stages)
         .def_readwrite("optimizer_bytes_per_param", &Workload::optimizer_bytes_per_param)
         .def_readwrite("iterations", &Workload::iterations)
         .def_readwrite("deadline_hours", &Workload::deadline_hours)
@@ -213,6 +214,8 @@ void register_cost_model(py::module_& m) {
     m.def("interleaved_makespan", &interleaved_makespan, py::arg("fwd_s"), py::arg("bwd_s"),
           py::arg("send_fwd_s"), py::arg("send_bwd_s"), py::arg("num_devices"),
           py::arg("num_microbatches"), py::call_guard<py::gil_scoped_release>());
+    m.def("interleaved_peak", &interleaved_peak, py::arg("per_chunk"), py::arg("num_devices"),
+          py::arg("device"), py::arg("num_microbatches"), py::call_guard<py::gil_scoped_release>());
     m.def("closed_form_s", &closed_form_s, py::arg("fwd_s"), py::arg("bwd_s"),
           py::arg("num_microbatches"));
     m.def("in_flight", &in_flight, py::arg("schedule"), py::arg("stage"), py::arg("num_stages"),

@@ -243,6 +243,10 @@ void validate(const Workload& w) {
         bad("sharding", static_cast<double>(static_cast<int>(w.sharding)),
             "none, zero1, zero2 or full");
     }
+    check_int("virtual_stages", w.virtual_stages, 1, kMaxStages);
+    if (w.virtual_stages > 1 && w.schedule != Schedule::OneFOneB) {
+        bad("virtual_stages", d(w.virtual_stages), "1 unless the schedule is 1f1b (interleaved 1F1B)");
+    }
     check_nonneg("optimizer bytes per parameter", w.optimizer_bytes_per_param);
     if (!std::isfinite(w.iterations) || w.iterations < 0 || w.iterations > 1e19) {
         bad("iterations", w.iterations, "in [0, 1e19]");
@@ -451,6 +455,56 @@ std::vector<char> boundaries_in_instance(const std::vector<GpuSpec>& gpus,
     return out;
 }
 
+namespace {
+
+// Interleaved 1F1B: each device holds the model states of all its chunks and, at its peak,
+// the activations its operation order leaves (interleaved_peak); only one chunk works at a
+// time (transient memory: the largest). Every chunk entry reports its device's memory. The
+// device's DP traffic and optimizer step cover all its chunks.
+void interleave_devices(EstimateResult& r, const std::vector<StageSpec>& stages, std::int64_t D,
+                        std::int64_t M) {
+    const std::int64_t P = static_cast<std::int64_t>(r.stages.size());
+    for (std::int64_t dev = 0; dev < D; ++dev) {
+        std::vector<double> per_mb;
+        double w = 0, g = 0, o = 0, tr = 0, ar = 0, opt = 0, sum_mb = 0;
+        for (std::int64_t i = dev; i < P; i += D) {
+            const StageEstimate& e = r.stages[static_cast<std::size_t>(i)];
+            w += e.weights_bytes;
+            g += e.grads_bytes;
+            o += e.optimizer_bytes;
+            tr = std::max(tr, e.transient_bytes);
+            ar += e.dp_allreduce_s;
+            opt += e.optimizer_step_s;
+            per_mb.push_back(e.in_flight > 0 ? e.activation_bytes / d(e.in_flight) : 0.0);
+            sum_mb += per_mb.back();
+        }
+        const double act = interleaved_peak(per_mb, D, dev, M);
+        const double total = w + g + o + act + tr;
+        const StageEstimate& head = r.stages[static_cast<std::size_t>(dev)];
+        if (total > head.capacity_bytes) {
+            r.issues.push_back({IssueKind::OutOfMemory, dev, stages[static_cast<std::size_t>(dev)].gpu,
+                                total, head.capacity_bytes, ""});
+        }
+        for (std::int64_t i = dev; i < P; i += D) {
+            StageEstimate& e = r.stages[static_cast<std::size_t>(i)];
+            e.weights_bytes = w;
+            e.grads_bytes = g;
+            e.optimizer_bytes = o;
+            e.activation_bytes = act;
+            e.transient_bytes = tr;
+            e.memory_bytes = total;
+            // Whole micro-batches' worth of the device's activations at its peak, rounded up.
+            e.in_flight = sum_mb > 0 ? static_cast<std::int64_t>(std::ceil(act / sum_mb - 1e-9)) : 0;
+            e.dp_allreduce_s = ar;
+            e.optimizer_step_s = opt;
+        }
+        r.dp_allreduce_s = std::max(r.dp_allreduce_s, ar);
+        r.optimizer_step_s = std::max(r.optimizer_step_s, opt);
+    }
+}
+
+}  // namespace
+
 bool tp_divides(const ModelDims& model, std::int64_t tp) {
     return model.num_heads % tp == 0 &&
            (model.num_kv_heads % tp == 0 || tp % model.num_kv_heads == 0) &&
@@ -483,6 +537,26 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
 
     EstimateResult r;
     const std::int64_t M = work.num_microbatches;
+    // Interleaving: D devices hold v stages each, stage i on device i % D.
+    const std::int64_t v = work.virtual_stages;
+    if (P % v != 0 || (v > 1 && P / v < 2)) {
+        bad("number of stages", d(P), "a multiple of virtual_stages " + std::to_string(v) +
+                                          " over at least 2 devices");
+    }
+    const std::int64_t D = P / v;
+    if (v > 1 && M % D != 0) {
+        bad("num_microbatches", d(M), "a multiple of the " + std::to_string(D) +
+                                          " pipeline devices (interleaved 1F1B)");
+    }
+    for (std::int64_t i = D; i < P; ++i) {
+        const StageSpec& st = stages[static_cast<std::size_t>(i)];
+        const StageSpec& dev = stages[static_cast<std::size_t>(i % D)];
+        if (st.gpu != dev.gpu || st.tp != dev.tp) {
+            bad("stages[" + std::to_string(i) + "]", d(i),
+                "the GPU type and tp of stage " + std::to_string(i % D) +
+                    ", which runs on the same devices (interleaved 1F1B)");
+        }
+    }
 
     // Coverage of the layer ranges.
     std::int64_t expect = 0;
@@ -518,13 +592,17 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
     {
         std::vector<std::int64_t> gv, tv;
         bool widths_fit = true;
-        for (const StageSpec& st : stages) {
+        for (std::int64_t i = 0; i < D; ++i) {
+            const StageSpec& st = stages[static_cast<std::size_t>(i)];
             gv.push_back(st.gpu);
             tv.push_back(st.tp);
             widths_fit = widths_fit && st.tp <= gpus[static_cast<std::size_t>(st.gpu)].gpus_per_node;
         }
         inside = widths_fit ? boundaries_in_instance(gpus, gv, tv, work.dp)
-                            : std::vector<char>(static_cast<std::size_t>(P - 1), 0);
+                            : std::vector<char>(static_cast<std::size_t>(D - 1), 0);
+        // Between chunks, the last device sends to the first: counted as leaving the
+        // instance (the layout packs devices in pipeline order, so they rarely share one).
+        inside.push_back(0);
     }
 
     r.gpus_used.assign(gpus.size(), 0);
@@ -542,7 +620,7 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
         const double td = d(t);
         const bool last = i == P - 1;
         e.num_layers = std::max<std::int64_t>(0, st.layer_end - st.layer_begin);
-        r.gpus_used[static_cast<std::size_t>(st.gpu)] += t * work.dp;
+        if (i < D) r.gpus_used[static_cast<std::size_t>(st.gpu)] += t * work.dp;
 
         if (t > g.gpus_per_node) {
             r.issues.push_back({IssueKind::TpExceedsNode, i, st.gpu, td, d(g.gpus_per_node), ""});
@@ -560,7 +638,7 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
         }
 
         e = stage_cost(model, g, params, work, t, e.num_layers, i, P);
-        if (e.memory_bytes > e.capacity_bytes) {
+        if (v == 1 && e.memory_bytes > e.capacity_bytes) {
             r.issues.push_back({IssueKind::OutOfMemory, i, st.gpu, e.memory_bytes,
                                 e.capacity_bytes, ""});
         }
@@ -571,15 +649,18 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
         // Transfer to the next stage.
         if (!last) {
             const GpuSpec& gn = gpus[static_cast<std::size_t>(stages[si + 1].gpu)];
-            e.send_intra_node = inside[si] != 0;
+            e.send_intra_node = inside[static_cast<std::size_t>(i % D)] != 0;
             e.send_s = send_s(g, gn, e.send_intra_node,
                               p2p_bytes(model, params, work, t, stages[si + 1].tp), params);
             send_f[si] = e.send_s;
             send_b[si] = e.send_s;
         }
-        r.dp_allreduce_s = std::max(r.dp_allreduce_s, e.dp_allreduce_s);
-        r.optimizer_step_s = std::max(r.optimizer_step_s, e.optimizer_step_s);
+        if (v == 1) {
+            r.dp_allreduce_s = std::max(r.dp_allreduce_s, e.dp_allreduce_s);
+            r.optimizer_step_s = std::max(r.optimizer_step_s, e.optimizer_step_s);
+        }
     }
+    if (v > 1) interleave_devices(r, stages, D, M);
 
     r.instances.assign(gpus.size(), 0);
     for (std::size_t g = 0; g < gpus.size(); ++g) {
@@ -594,10 +675,27 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
     }
 
     if (!params.p2p_overlap) fold_transfers(fwd, bwd, send_f, send_b);
-    const PipelineResult pipe = simulate_pipeline(fwd, bwd, send_f, send_b, M, work.schedule);
-    r.pipeline_s = pipe.makespan_s;
-    r.bubble_fraction = pipe.bubble_fraction;
-    r.closed_form_s = closed_form_s(fwd, bwd, M);
+    if (v == 1) {
+        const PipelineResult pipe = simulate_pipeline(fwd, bwd, send_f, send_b, M, work.schedule);
+        r.pipeline_s = pipe.makespan_s;
+        r.bubble_fraction = pipe.bubble_fraction;
+        r.closed_form_s = closed_form_s(fwd, bwd, M);
+    } else {
+        r.pipeline_s = interleaved_makespan(fwd, bwd, send_f, send_b, D, M);
+        // Busy time per device, and the uniform closed form M w + (sum w - w) / v with w
+        // the busiest device's work per micro-batch.
+        double busy = 0, most = 0;
+        for (std::int64_t dev = 0; dev < D; ++dev) {
+            double w = 0;
+            for (std::int64_t i = dev; i < P; i += D) {
+                w += fwd[static_cast<std::size_t>(i)] + bwd[static_cast<std::size_t>(i)];
+            }
+            busy += d(M) * w;
+            most = std::max(most, w);
+        }
+        r.bubble_fraction = r.pipeline_s > 0 ? 1.0 - busy / (d(D) * r.pipeline_s) : 0.0;
+        r.closed_form_s = d(M) * most + (busy / d(M) - most) / d(v);
+    }
     double worst = -1;
     for (std::int64_t i = 0; i < P; ++i) {
         const double fb = fwd[static_cast<std::size_t>(i)] + bwd[static_cast<std::size_t>(i)];

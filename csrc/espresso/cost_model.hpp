@@ -96,6 +96,9 @@ struct Workload {
     Recompute recompute = Recompute::None;
     Sharding sharding = Sharding::None;
     bool sequence_parallel = false;          // TP stages split norms and dropouts by sequence
+    // Interleaved 1F1B: the stages are num_stages / v devices' v chunks each, stage s on device
+    // s % (num_stages / v) (Megatron-LM's virtual pipeline stages). 1: plain schedules.
+    std::int64_t virtual_stages = 1;
     double optimizer_bytes_per_param = 12.0;  // fp32 master + Adam m and v
     double iterations = 0;                    // optimizer steps of the job
     double deadline_hours = 0;

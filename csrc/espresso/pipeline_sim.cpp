@@ -242,6 +242,51 @@ double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<dou
     return makespan;
 }
 
+InterleavedOp interleaved_op(std::int64_t P, std::int64_t v, std::int64_t M, std::int64_t d,
+                             std::int64_t k) {
+    const std::int64_t nf_total = M * v;
+    const std::int64_t warm = std::min(2 * (P - d - 1) + (v - 1) * P, nf_total);
+    std::int64_t fi = -1, bi = -1;
+    if (k < warm) {
+        fi = k;
+    } else if (k < 2 * nf_total - warm) {
+        const std::int64_t j = k - warm;
+        if (j % 2 == 0) fi = warm + j / 2;
+        else bi = j / 2;
+    } else {
+        bi = k - nf_total;
+    }
+    const std::int64_t x = fi >= 0 ? fi : bi;
+    const std::int64_t group = x / P;
+    const std::int64_t chunk = fi >= 0 ? group % v : v - 1 - group % v;
+    return {bi >= 0, chunk, (x / (P * v)) * P + x % P};
+}
+
+double interleaved_peak(const std::vector<double>& per_chunk, std::int64_t num_devices,
+                        std::int64_t device, std::int64_t num_microbatches) {
+    const std::int64_t P = num_devices, M = num_microbatches;
+    const std::int64_t v = static_cast<std::int64_t>(per_chunk.size());
+    if (P < 1 || P > kMaxStages || v < 1 || device < 0 || device >= P || M < 1 ||
+        M > kMaxMicrobatches || P * v * M > kMaxStageMicrobatchProduct) {
+        throw std::invalid_argument("interleaved_peak: devices, chunks or micro-batches out of range");
+    }
+    for (const double a : per_chunk) {
+        if (!std::isfinite(a) || a < 0 || a > kMaxTime) {
+            throw std::invalid_argument("interleaved_peak: chunk sizes must be in [0, 1e100]");
+        }
+    }
+    // Held activations rise with each forward and fall with each backward; the peak is just
+    // before a backward (or at the end of the warm-up).
+    double held = 0, peak = 0;
+    for (std::int64_t k = 0; k < 2 * M * v; ++k) {
+        const InterleavedOp op = interleaved_op(P, v, M, device, k);
+        const double a = per_chunk[static_cast<std::size_t>(op.chunk)];
+        held += op.backward ? -a : a;
+        peak = std::max(peak, held);
+    }
+    return peak;
+}
+
 double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
                             const std::vector<double>& send_fwd_s,
                             const std::vector<double>& send_bwd_s, std::int64_t num_devices,
@@ -269,25 +314,9 @@ double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<
     check_all_times(fwd_s, bwd_s, send_fwd_s, send_bwd_s);
 
     const std::int64_t per_device = 2 * M * v;
-    // Operation k of device d: (backward, virtual stage, micro-batch).
     auto op_of = [&](std::int64_t d, std::int64_t k) {
-        const std::int64_t nf_total = M * v;
-        const std::int64_t warm = std::min(2 * (P - d - 1) + (v - 1) * P, nf_total);
-        std::int64_t fi = -1, bi = -1;
-        if (k < warm) {
-            fi = k;
-        } else if (k < 2 * nf_total - warm) {
-            const std::int64_t j = k - warm;
-            if (j % 2 == 0) fi = warm + j / 2;
-            else bi = j / 2;
-        } else {
-            bi = k - nf_total;
-        }
-        const std::int64_t x = fi >= 0 ? fi : bi;
-        const std::int64_t group = x / P;
-        const std::int64_t chunk = fi >= 0 ? group % v : v - 1 - group % v;
-        const std::int64_t mb = (x / (P * v)) * P + x % P;
-        return std::tuple<bool, std::int64_t, std::int64_t>{bi >= 0, chunk * P + d, mb};
+        const InterleavedOp op = interleaved_op(P, v, M, d, k);
+        return std::tuple<bool, std::int64_t, std::int64_t>{op.backward, op.chunk * P + d, op.mb};
     };
     const auto cells = static_cast<std::size_t>(S * M);
     std::vector<double> end_f(cells, -1.0), end_b(cells, -1.0);

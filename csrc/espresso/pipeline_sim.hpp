@@ -47,11 +47,26 @@ double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<dou
 // then one forward and one backward alternately, then the remaining backwards; forward k is
 // micro-batch (k / (P v)) P + k % P of chunk (k / P) % v, backward k the same micro-batch of
 // chunk v - 1 - (k / P) % v. Needs v >= 2 and M a multiple of P (as Megatron-LM does).
-// Groundwork for interleaved plans (issue 13): plans do not use it yet.
+// Plans with virtual_stages > 1 are estimated with it.
 double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
                             const std::vector<double>& send_fwd_s,
                             const std::vector<double>& send_bwd_s, std::int64_t num_devices,
                             std::int64_t num_microbatches);
+
+// Operation k (0 <= k < 2 M v) of device d in interleaved 1F1B: a forward or a backward of
+// micro-batch `mb` through the device's chunk `chunk` (virtual stage chunk * P + d).
+struct InterleavedOp {
+    bool backward;
+    std::int64_t chunk;
+    std::int64_t mb;
+};
+InterleavedOp interleaved_op(std::int64_t num_devices, std::int64_t v,
+                             std::int64_t num_microbatches, std::int64_t device, std::int64_t k);
+
+// The most activation memory device `device` holds at once under interleaved 1F1B, given
+// what one micro-batch leaves in each of its chunks (per_chunk[c]), walking its operations.
+double interleaved_peak(const std::vector<double>& per_chunk, std::int64_t num_devices,
+                        std::int64_t device, std::int64_t num_microbatches);
 
 // The closed form sum(f+b) + (M-1) * max(f+b): equal to the simulation for uniform
 // stages and free transfers, and a lower bound of GPipe's makespan.

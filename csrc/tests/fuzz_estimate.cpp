@@ -123,6 +123,17 @@ int main(int argc, char** argv) {
             }
             begin = s.layer_end;
         }
+        // Interleaving: often well formed (chunks on their group's GPU type and width).
+        w.virtual_stages = rng() % 3 == 0 ? (hostile && rng() % 4 == 0 ? any_int(2048)
+                                                                        : 2 + static_cast<std::int64_t>(rng() % 3))
+                                          : 1;
+        if (w.virtual_stages > 1 && !stages.empty() && !(hostile && rng() % 2)) {
+            const std::size_t groups = std::max<std::size_t>(1, stages.size() / static_cast<std::size_t>(std::min<std::int64_t>(w.virtual_stages, 64)));
+            for (std::size_t k = groups; k < stages.size(); ++k) {
+                stages[k].gpu = stages[k % groups].gpu;
+                stages[k].tp = stages[k % groups].tp;
+            }
+        }
         try {
             const EstimateResult r = estimate(m, gpus, p, w, stages);
             ++ok;
@@ -162,6 +173,13 @@ int main(int argc, char** argv) {
             const double ms = interleaved_makespan(fi, bi, ci, ci, static_cast<std::int64_t>(devices),
                                                    any_int(32));
             if (!finite_nonneg(ms)) fail("finite interleaved makespan", i);
+        } catch (const std::invalid_argument&) {
+        }
+        std::vector<double> chunks(rng() % 5);
+        for (auto& x : chunks) x = rng() % 10 == 0 ? any_double() : static_cast<double>(rng() % 9);
+        try {
+            const double peak = interleaved_peak(chunks, any_int(8), any_int(8), any_int(64));
+            if (!finite_nonneg(peak)) fail("finite interleaved peak", i);
         } catch (const std::invalid_argument&) {
         }
     }

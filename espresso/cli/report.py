@@ -59,7 +59,9 @@ def print_rental(plan: Plan, est: Estimate, console: Console, *, bold: bool = Fa
         console.print(f"Idle: {est.idle_gpus} GPU{'s' if est.idle_gpus > 1 else ''} of the "
                       "rented instances run no stage (whole instances are paid for)")
     extra = "".join((f", sharding {plan.sharding}" if plan.sharding != "none" else "",
-                     ", sequence parallel" if plan.sequence_parallel else ""))
+                     ", sequence parallel" if plan.sequence_parallel else "",
+                     (f", interleaved: {plan.virtual_stages} stages per GPU group"
+                      if plan.virtual_stages > 1 else "")))
     console.print(f"Layout: dp {plan.dp}, {plan.num_microbatches} micro-batches of "
                   f"{plan.micro_batch_size}, {plan.schedule}, recompute {plan.recompute}{extra}")
 
@@ -83,6 +85,14 @@ def deadline_words(est: Estimate) -> str:
             f"(needs {_hours(est.total_hours)}, deadline {_hours(est.deadline_hours)})")
 
 
+def _caption(plan: Plan) -> str:
+    text = "f+b/mb: forward+backward of one micro-batch; *: bottleneck stage"
+    if plan.virtual_stages > 1:
+        text += (f"; stage s runs on GPU group s mod {plan.pp}, whose memory (all its stages) "
+                 "each of its rows shows")
+    return text
+
+
 def print_estimate(plan: Plan, est: Estimate, console: Console) -> None:
     job = plan.job
     console.print(
@@ -92,7 +102,7 @@ def print_estimate(plan: Plan, est: Estimate, console: Console) -> None:
         f"deadline {_hours(job.deadline_hours)}"
     )
     print_rental(plan, est, console)
-    table = Table(caption="f+b/mb: forward+backward of one micro-batch; *: bottleneck stage")
+    table = Table(caption=_caption(plan))
     for col in ("stage", "GPU", "TP", "layers", "f+b/mb", "busy/iter", "mem/GPU", "usable",
                 "headroom", "in flight"):
         table.add_column(col, justify="left" if col in ("GPU", "layers") else "right",
@@ -190,7 +200,7 @@ def print_plan(plan: Plan, console: Console, comparison: Comparison | None) -> N
         f"iterations ({_count(job.num_tokens)} tokens), deadline {_hours(job.deadline_hours)}"
     )
     print_rental(plan, est, console, bold=True)
-    table = Table(caption="f+b/mb: forward+backward of one micro-batch; *: bottleneck stage")
+    table = Table(caption=_caption(plan))
     for col in ("stage", "GPU", "TP", "layers", "memory / usable", "f+b/mb", "busy/iter"):
         table.add_column(col, justify="left" if col in ("GPU", "layers") else "right",
                          no_wrap=True)
