@@ -93,10 +93,11 @@ def build(run: dict[str, Any], data: dict[str, Any]) -> tuple[es.Plan, es.Catalo
     if dp * tp * pp != run["gpus"]:
         msg = f"run {run['id']}: {run['gpus']} GPUs is not a multiple of tp {tp} x pp {pp}"
         raise ValueError(msg)
+    v = run.get("virtual_stages", 1)  # interleaved 1F1B: pp * v stages in model order
     counts = run.get("layers")
     if counts is None:
-        base, extra = divmod(model.num_layers, pp)
-        counts = [base + (1 if i < extra else 0) for i in range(pp)]
+        base, extra = divmod(model.num_layers, pp * v)
+        counts = [base + (1 if i < extra else 0) for i in range(pp * v)]
     bounds, start = [], 0
     for n in counts:
         bounds.append((start, start + n))
@@ -112,7 +113,8 @@ def build(run: dict[str, Any], data: dict[str, Any]) -> tuple[es.Plan, es.Catalo
                    dp=dp, micro_batch_size=mb, num_microbatches=run["global_batch"] // (dp * mb),
                    schedule="1f1b", recompute=run["recompute"], sharding=run["sharding"],
                    cost_model=es.CostParams(**data["sources"][run["source"]].get("framework", {})),
-                   sequence_parallel=bool(run.get("sequence_parallel", False)))
+                   sequence_parallel=bool(run.get("sequence_parallel", False)),
+                   virtual_stages=v)
     return plan, catalog
 
 

@@ -19,6 +19,7 @@ from .cloud.domains import SCOPES, Subproblem, apply_crossing, locations_of, sub
 from .cost import CostParams
 from .errors import EspressoError, SpecError
 from .estimate import RECOMPUTE_CORE, SHARDING_CORE, _workload, estimate
+from .interleave import DEFAULT_VIRTUAL_STAGES, interleave
 from .job import Job
 from .plan import RECOMPUTE, SCHEDULES, SHARDING, Plan, Stage
 from .profile import apply_profiles, as_profiles
@@ -211,7 +212,8 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
            cost_model: CostParams | None = None, enforce_deadline: bool = True,
            prune: dict[str, bool] | None = None, profiles: Any = None,
            max_gpu_types: int | None = None, progress: SearchProgress | None = None,
-           phase: str = "searching", scope: str = "region") -> SearchResult:
+           phase: str = "searching", scope: str = "region",
+           virtual_stages: Sequence[int] = DEFAULT_VIRTUAL_STAGES) -> SearchResult:
     """Run the search and return up to ``top_k`` plans with the statistics.
 
     ``time_limit_s`` is a wall-clock limit (default 60 s; ``None``: none): the search then
@@ -232,6 +234,11 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     so far as the incumbent. ``objective="cost"`` minimises total USD with total hours within
     the deadline; ``objective="time"`` minimises total hours within ``budget_usd`` (the
     deadline is then ignored).
+
+    ``virtual_stages``: chunks per GPU group with which each plan found is then interleaved
+    (interleaved 1F1B, :func:`espresso.interleave.interleave`), keeping the best when it
+    beats the plan; ``()`` turns it off. The proof (``stats.gap``) covers plans without
+    interleaving (docs/search.md, "Interleaving").
     """
     if not isinstance(job, Job):
         msg = f"search: expected a Job, got {type(job).__name__}"
@@ -248,6 +255,11 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         recompute=recompute, schedule=schedule, enforce_deadline=enforce_deadline,
         prune=prune, max_gpu_types=max_gpu_types, sharding=sharding)
     sequence_parallel = v.boolean("sequence_parallel", sequence_parallel)
+    if isinstance(virtual_stages, (str, bytes)) or not isinstance(virtual_stages, Sequence):
+        msg = f"virtual_stages: expected a list of integers >= 2, got {virtual_stages!r}"
+        raise SpecError(msg)
+    chunks = tuple(v.integer("virtual_stages[]", x, minimum=2, maximum=64)
+                   for x in virtual_stages)
     opts = options(time_limit_s=time_limit_s, threads=threads)
     if progress is not None:
         if not isinstance(progress, SearchProgress):
@@ -451,7 +463,19 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     plans = [_to_plan(p, job, catalog, rows, cost, {**stats.to_dict(), "rank": i + 1}, profs,
                       sp.domain(scope) if show_domain or sp.spans else None)
              for i, (_, p, sp, rows) in enumerate(found)]
+    if chunks:
+        plans = [interleave(p, catalog, virtual_stages=chunks, budget_usd=budget_usd,
+                            objective="cost" if by_cost else "time",
+                            enforce_deadline=enforce_deadline) for p in plans]
+        plans.sort(key=lambda p: _rank_key(p, by_cost))
+        plans = [replace(p, stats={**(p.stats or {}), "rank": i + 1}) for i, p in enumerate(plans)]
     return SearchResult(plans=plans, stats=stats)
+
+
+def _rank_key(p: Plan, by_cost: bool) -> tuple[float, float]:
+    est = p.estimate
+    assert est is not None
+    return (est.total_usd, est.total_hours) if by_cost else (est.total_hours, est.total_usd)
 
 
 def _plan_key(p: Any) -> tuple[Any, ...]:

@@ -47,14 +47,25 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._optional import require
 from ._torch_states import is_fsdp as _is_fsdp
 from ._torch_states import recomputed, shard_stage, wrap_blocks
+from ._torch_tp import (
+    SequenceBoundary,
+    TPLeader,
+    TPPlan,
+    _sum_grads_over,
+    _token_partial,
+    _TPBridge,
+    end_step,
+    follow,
+    parallelize_blocks,
+    parallelize_vocab,
+)
 from .errors import PlanError
 from .launch import RankInfo, check_runnable, rank_layout
 from .plan import Plan
@@ -66,10 +77,8 @@ torch = require("torch")
 nn = torch.nn
 dist = torch.distributed
 
-TPPlan = Mapping[str, Any] | Callable[[Any, Any], Any]
-"""How to split one block over a TP group: a ``parallelize_module`` plan (submodule name ->
-``ColwiseParallel()``/``RowwiseParallel()`` or the strings ``"colwise"``/``"rowwise"``), or a
-callable ``(block, tp_mesh) -> block``."""
+__all__ = ["SequenceBoundary", "StageRuntime", "TPPlan", "check_plan", "parallelize_blocks",
+           "parallelize_vocab", "rank_from_env", "setup", "shutdown", "stage_module"]
 
 
 def check_plan(plan: Plan, num_blocks: int, batch_size: int | None = None, *,
@@ -130,254 +139,6 @@ def stage_module(plan: Plan, stage: int, *, embedding: _nn.Module,
         parts.append(head)
     seq: _nn.Module = nn.Sequential(*parts)
     return seq
-
-
-_MODULE_ROLES = ("block", "embedding", "head")
-
-
-def _style(name: str, style: Any, role: str, sequence_parallel: bool) -> Any:
-    """A ``parallelize_module`` style from a plan entry: a ParallelStyle is used as given;
-    ``"colwise"``/``"rowwise"`` become the style that keeps what flows between the stage's
-    modules as :func:`setup` lays it out (replicated, or sequence shards inside the blocks
-    under sequence parallelism; the head's logits gathered for the leader's loss)."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    if not isinstance(style, str):
-        return style
-    if style not in ("colwise", "rowwise"):
-        msg = f"{role} tp_plan[{name!r}]: expected 'colwise' or 'rowwise', got {style!r}"
-        raise PlanError(msg)
-    colwise = style == "colwise"
-    if role == "embedding":
-        return (ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-                if colwise else RowwiseParallel(input_layouts=Replicate()))
-    if role == "head":
-        return (ColwiseParallel(output_layouts=Replicate()) if colwise
-                else RowwiseParallel(input_layouts=Shard(-1)))
-    if sequence_parallel:
-        # Megatron-LM's sequence parallelism: the residual stream, the norms and the
-        # element-wise work hold 1/tp of the tokens; a column-split projection all-gathers its
-        # input, a row-split one reduce-scatters its output.
-        return (ColwiseParallel(input_layouts=Shard(1)) if colwise
-                else RowwiseParallel(output_layouts=Shard(1)))
-    return ColwiseParallel() if colwise else RowwiseParallel()
-
-
-def _parallelize(module: _nn.Module, tp_mesh: Any, tp_plan: TPPlan | str, role: str,
-                 where: str, sequence_parallel: bool = False) -> _nn.Module:
-    """Split one module over the TP mesh as ``tp_plan`` says; returns the module to use."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    if callable(tp_plan) and not isinstance(tp_plan, Mapping):
-        out = tp_plan(module, tp_mesh)
-        return module if out is None else out
-    if not isinstance(tp_plan, Mapping):  # one style for the module itself
-        parallelize_module(module, tp_mesh, _style("", tp_plan, role, sequence_parallel))
-        return module
-    resolved = {}
-    for name, style in tp_plan.items():
-        if "*" not in name:
-            try:
-                module.get_submodule(name)
-            except AttributeError:
-                msg = (f"{role} tp_plan names {name!r}, but {where} "
-                       f"({type(module).__name__}) has no such submodule")
-                raise PlanError(msg) from None
-        resolved[name] = _style(name, style, role, sequence_parallel)
-    parallelize_module(module, tp_mesh, resolved)
-    return module
-
-
-def parallelize_blocks(module: _nn.Module, plan: Plan, stage: int, tp_mesh: Any,
-                       tp_plan: TPPlan) -> None:
-    """Split every transformer block of a stage module (from :func:`stage_module`) over the TP
-    mesh (with sequence-parallel layouts when the plan has ``sequence_parallel``)."""
-    first = 1 if stage == 0 else 0
-    n = plan.stages[stage].num_layers
-    assert isinstance(module, nn.Sequential)
-    for j in range(first, first + n):
-        index = plan.stages[stage].layers[0] + j - first
-        module[j] = _parallelize(module[j], tp_mesh, tp_plan, "block", f"block {index}",
-                                 plan.sequence_parallel)
-
-
-def parallelize_vocab(module: _nn.Module, plan: Plan, stage: int, tp_mesh: Any,
-                      embedding_tp_plan: TPPlan | str | None,
-                      head_tp_plan: TPPlan | str | None) -> None:
-    """Split the embedding (stage 0) and the head (last stage) of a stage module over the TP
-    mesh by vocabulary, where plans for them are given: each rank holds ``vocab / tp`` rows of
-    the embedding and computes ``vocab / tp`` of the logits, which are gathered for the loss."""
-    assert isinstance(module, nn.Sequential)
-    if stage == 0 and embedding_tp_plan is not None:
-        module[0] = _parallelize(module[0], tp_mesh, embedding_tp_plan, "embedding",
-                                 "the embedding")
-    if stage == plan.num_stages - 1 and head_tp_plan is not None:
-        module[-1] = _parallelize(module[-1], tp_mesh, head_tp_plan, "head", "the head")
-
-
-class _ScatterSequence(torch.autograd.Function):  # type: ignore[misc, name-defined]
-    """This TP rank's share of the tokens (dim 1) of a replicated tensor; backward gathers the
-    shares' gradients into the whole one."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Any, group: Any) -> Any:
-        ctx.group = group
-        size, rank = dist.get_world_size(group), dist.get_rank(group)
-        return x.chunk(size, dim=1)[rank].contiguous()
-
-    @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:
-        return _gather_tokens(grad, ctx.group), None
-
-
-class _GatherSequence(torch.autograd.Function):  # type: ignore[misc, name-defined]
-    """The whole tensor from every TP rank's share of its tokens; backward keeps this rank's
-    share of the (replicated) gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Any, group: Any) -> Any:
-        ctx.group = group
-        return _gather_tokens(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:
-        size, rank = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
-        return grad.chunk(size, dim=1)[rank].contiguous(), None
-
-
-def _gather_tokens(x: Any, group: Any) -> Any:
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, x.contiguous(), group=group)
-    return torch.cat(parts, dim=1)
-
-
-class SequenceBoundary(nn.Module):  # type: ignore[misc, name-defined]
-    """Where a sequence-parallel TP stage's blocks begin (``scatter``: keep this rank's tokens)
-    or end (gather every rank's tokens), so what the stage passes on stays replicated."""
-
-    def __init__(self, group: Any, scatter: bool) -> None:
-        super().__init__()
-        self._group, self.scatter = group, scatter
-
-    def forward(self, x: Any) -> Any:
-        fn = _ScatterSequence if self.scatter else _GatherSequence
-        return fn.apply(x, self._group)
-
-
-def _token_partial(module: _nn.Module, plan: Plan, stage: int) -> list[tuple[Any, str]]:
-    """The block parameters that TP leaves whole (norms, biases of no split projection): under
-    sequence parallelism each rank sees only its tokens, so their gradients are partial sums,
-    added over the TP group after the step (Megatron-LM does the same)."""
-    from torch.distributed.tensor import DTensor
-
-    assert isinstance(module, nn.Sequential)
-    first = 1 if stage == 0 else 0
-    out = []
-    for j in range(first, first + plan.stages[stage].num_layers):
-        for sub in module[j].modules():
-            for name, p in sub.named_parameters(recurse=False):
-                if p.requires_grad and not isinstance(p, DTensor):
-                    out.append((sub, name))
-    return out
-
-
-def _sum_grads_over(params: list[Any], group: Any, scale: float = 1.0) -> None:
-    """Add the local gradients (shards) over a group in one all-reduce, times ``scale``."""
-    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-             for p in params if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=group)
-    if scale != 1.0:
-        flat *= scale
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
-
-
-# ------------------------------------------------------------------ TP leader/follower
-_END, _FWD, _BWD = 0, 1, 2
-_GRAD, _REQUIRES_GRAD, _INFERENCE = 1, 2, 4
-_MAX_DIMS = 8
-_DTYPES = ("float32", "bfloat16", "float16", "float64", "int64", "int32", "int16", "int8",
-           "uint8", "bool")
-
-
-class _TPBridge:
-    """The leader's side channel to its followers: one header tensor and one payload per event,
-    broadcast over the stage's TP group from the leader."""
-
-    def __init__(self, group: Any, leader: int, device: Any) -> None:
-        self.group, self.leader, self.device = group, leader, device
-        self.inference = False
-        """Set while PyTorch's PipelineStage infers shapes (its extra forward/backward)."""
-
-    def send(self, op: int, flags: int = 0, tensor: Any = None) -> None:
-        head = torch.zeros(4 + _MAX_DIMS, dtype=torch.int64)
-        head[0], head[1] = op, flags
-        if tensor is not None:
-            name = str(tensor.dtype).removeprefix("torch.")
-            if name not in _DTYPES or tensor.dim() > _MAX_DIMS:
-                msg = (f"a TP stage cannot pass a {tensor.dtype} tensor of {tensor.dim()} "
-                       f"dimensions between stages (dtypes {_DTYPES}, at most {_MAX_DIMS} dims)")
-                raise PlanError(msg)
-            head[2], head[3] = _DTYPES.index(name), tensor.dim()
-            head[4:4 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
-        dist.broadcast(head.to(self.device), src=self.leader, group=self.group)
-        if tensor is not None:
-            dist.broadcast(tensor.detach().contiguous(), src=self.leader, group=self.group)
-
-    def recv(self) -> tuple[int, int, Any]:
-        head = torch.zeros(4 + _MAX_DIMS, dtype=torch.int64, device=self.device)
-        dist.broadcast(head, src=self.leader, group=self.group)
-        op, flags, dtype, ndim, *shape = head.tolist()
-        if op == _END:
-            return op, flags, None
-        t = torch.empty(shape[:ndim], dtype=getattr(torch, _DTYPES[dtype]), device=self.device)
-        dist.broadcast(t, src=self.leader, group=self.group)
-        return op, flags, t
-
-
-class _BroadcastGrad(torch.autograd.Function):  # type: ignore[misc, name-defined]
-    """Identity forward; in backward, hands the output gradient to the followers."""
-
-    @staticmethod
-    def forward(ctx: Any, out: Any, bridge: _TPBridge) -> Any:
-        ctx.bridge = bridge
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:
-        bridge = ctx.bridge
-        bridge.send(_BWD, _INFERENCE if bridge.inference else 0, grad)
-        return grad, None
-
-
-class _TPLeader(nn.Module):  # type: ignore[misc, name-defined]
-    """The leader's stage module: the stage's modules, announcing each forward and backward to
-    the followers of its TP group."""
-
-    def __init__(self, inner: _nn.Module, bridge: _TPBridge) -> None:
-        super().__init__()
-        self.inner = inner
-        self._bridge = bridge
-
-    def forward(self, x: Any) -> Any:
-        grad = torch.is_grad_enabled()
-        flags = ((_GRAD if grad else 0) | (_REQUIRES_GRAD if x.requires_grad else 0)
-                 | (_INFERENCE if self._bridge.inference else 0))
-        self._bridge.send(_FWD, flags, x)
-        out = self.inner(x)
-        if not isinstance(out, torch.Tensor):
-            msg = (f"a stage with tp > 1 must return one tensor, got {type(out).__name__}")
-            raise PlanError(msg)
-        if grad and out.requires_grad:
-            out = _BroadcastGrad.apply(out, self._bridge)
-        return out
-
 
 def _stage_class() -> Any:
     """PipelineStage whose shape inference (an extra forward and backward on the first step)
@@ -443,40 +204,6 @@ def _stage_class() -> Any:
 
     return _Stage
 
-
-def _follow(module: _nn.Module, bridge: _TPBridge) -> int:
-    """Mirror the leader until it ends the step; returns the number of backward passes."""
-    pending: deque[Any] = deque()
-    probe: tuple[Any, Any] | None = None
-    backwards = 0
-    while True:
-        op, flags, t = bridge.recv()
-        if op == _END:
-            if pending:
-                msg = f"TP follower: {len(pending)} forward passes had no backward"
-                raise RuntimeError(msg)
-            return backwards
-        if op == _FWD:
-            if flags & _REQUIRES_GRAD:
-                t.requires_grad_(True)
-            with torch.set_grad_enabled(bool(flags & _GRAD)):
-                out = module(t)
-            if flags & _INFERENCE:
-                probe = (t, out)
-            elif flags & _GRAD:
-                pending.append(out)
-        elif flags & _INFERENCE:
-            if probe is None:
-                msg = "TP follower: a shape-inference backward came before its forward"
-                raise RuntimeError(msg)
-            x, out = probe
-            probe = None
-            torch.autograd.grad([out], [x], [t], allow_unused=True)
-        else:
-            torch.autograd.backward([pending.popleft()], [t])
-            backwards += 1
-
-
 def _average_grads(params: list[Any], group: Any, size: int) -> None:
     """Average the local gradient (shards) over a data-parallel group in one all-reduce."""
     if size > 1:
@@ -503,12 +230,15 @@ class StageRuntime:
     info: RankInfo
     module: _nn.Module
     """The stage's modules (in DDP over the data-parallel group when dp > 1 and tp == 1); on a
-    TP leader, wrapped to drive its followers. Hand its parameters to the optimizer."""
+    TP leader, wrapped to drive its followers. Under interleaving an ``nn.ModuleList`` of the
+    rank's stages. Hand its parameters to the optimizer (:meth:`optimizer`)."""
     stage: Any
-    """``torch.distributed.pipelining.PipelineStage`` (None on a TP follower)."""
+    """``torch.distributed.pipelining.PipelineStage`` (None on a TP follower); under
+    interleaving the first of :attr:`stages`."""
     schedule: Any
-    """``Schedule1F1B`` or ``ScheduleGPipe`` with the plan's number of micro-batches (None on a
-    TP follower, which mirrors its leader)."""
+    """``Schedule1F1B``, ``ScheduleGPipe`` or, with ``plan.virtual_stages > 1``,
+    ``ScheduleInterleaved1F1B``, with the plan's number of micro-batches (None on a TP
+    follower, which mirrors its leader)."""
     mesh: Any
     """This stage's ``(dp, tp)`` device mesh; ``mesh["tp"]`` is the TP mesh the blocks are
     split over."""
@@ -521,6 +251,10 @@ class StageRuntime:
     num_stages: int
     sharding: str = "none"
     """The plan's sharding of this stage's model states over its data-parallel group."""
+    stages: list[Any] = field(default_factory=list)
+    """Every ``PipelineStage`` this rank runs (one unless interleaved; none on a follower)."""
+    _chunks: list[Any] = field(default_factory=list)
+    """A TP follower's stage modules, in the order of ``info.stages``."""
     _bridge: _TPBridge | None = None
     _avg_grads: bool = False
     _token_partial: list[tuple[Any, str]] | None = None
@@ -536,7 +270,7 @@ class StageRuntime:
 
     @property
     def is_last(self) -> bool:
-        return self.info.stage == self.num_stages - 1
+        return (self.info.stages or (self.info.stage,))[-1] == self.num_stages - 1
 
     @property
     def is_tp_leader(self) -> bool:
@@ -568,7 +302,7 @@ class StageRuntime:
         losses: list[Any] | None = None
         if self.schedule is None:
             assert self._bridge is not None
-            _follow(self.module, self._bridge)
+            follow(self._chunks, self._bridge)
             if self._grad_scale != 1:
                 for p in self.module.parameters():
                     if p.grad is not None:
@@ -583,7 +317,7 @@ class StageRuntime:
             else:
                 self.schedule.step(**kw)
             if self._bridge is not None:
-                self._bridge.send(_END)
+                end_step(self._bridge)
         if self._token_partial:
             _sum_grads_over([getattr(m, n) for m, n in self._token_partial], self.tp_group)
         if self._avg_grads:
@@ -647,72 +381,90 @@ def setup(plan: Plan, *, embedding: _nn.Module,
     from torch.distributed.device_mesh import DeviceMesh
 
     # Groups are collective over the world: every rank creates every group, in one order.
+    groups = plan.stages[:plan.pp]  # the GPU groups (one per stage unless interleaved)
     first = [0]
-    for st in plan.stages:
+    for st in groups:
         first.append(first[-1] + plan.dp * st.tp)
     meshes = [DeviceMesh(device.type, torch.arange(first[s], first[s + 1]).view(plan.dp, st.tp),
-                         mesh_dim_names=("dp", "tp")) for s, st in enumerate(plan.stages)]
-    pp_groups = [dist.new_group([first[s] + r * st.tp for s, st in enumerate(plan.stages)])
+                         mesh_dim_names=("dp", "tp")) for s, st in enumerate(groups)]
+    pp_groups = [dist.new_group([first[s] + r * st.tp for s, st in enumerate(groups)])
                  for r in range(plan.dp)]
     mesh = meshes[info.stage]
     tp = plan.stages[info.stage].tp
     dp_group, tp_group = mesh.get_group("dp"), mesh.get_group("tp")
     leader = first[info.stage] + info.replica * tp
 
-    module = stage_module(plan, info.stage, embedding=embedding, blocks=blocks,
-                          head=head).to(device)
+    fsdp = plan.sharding in ("zero2", "fsdp") and plan.dp > 1
+    sp = tp > 1 and plan.sequence_parallel
+    chunks: list[_nn.Module] = []
+    token_partial: list[tuple[Any, str]] = []
+    for s in info.stages:  # one stage, or the rank's chunks under interleaving
+        chunk = stage_module(plan, s, embedding=embedding, blocks=blocks, head=head).to(device)
+        if tp > 1:
+            assert tp_plan is not None
+            parallelize_blocks(chunk, plan, s, mesh["tp"], tp_plan)
+            parallelize_vocab(chunk, plan, s, mesh["tp"], embedding_tp_plan, head_tp_plan)
+            if sp:
+                token_partial += _token_partial(chunk, plan, s)
+        if plan.recompute != "none":
+            wrap_blocks(chunk, plan, s, lambda blk: recomputed(blk, plan.recompute))
+        if fsdp:
+            shard_stage(chunk, plan, s, mesh["dp"])
+        if sp and plan.stages[s].num_layers > 0:
+            assert isinstance(chunk, nn.Sequential)
+            start = 1 if s == 0 else 0
+            chunk.insert(start + plan.stages[s].num_layers,
+                         SequenceBoundary(tp_group, scatter=False))
+            chunk.insert(start, SequenceBoundary(tp_group, scatter=True))
+        chunks.append(chunk)
+
+    def one(mods: list[_nn.Module]) -> _nn.Module:
+        return mods[0] if len(mods) == 1 else nn.ModuleList(mods)
+
     bridge = None
     # PyTorch's schedules average gradients over micro-batches (scale_grads=True).
     grad_scale = plan.num_microbatches
-    sp = tp > 1 and plan.sequence_parallel
-    token_partial = None
-    if tp > 1:
-        assert tp_plan is not None
-        parallelize_blocks(module, plan, info.stage, mesh["tp"], tp_plan)
-        parallelize_vocab(module, plan, info.stage, mesh["tp"], embedding_tp_plan, head_tp_plan)
-        if sp:
-            token_partial = _token_partial(module, plan, info.stage)
-    if plan.recompute != "none":
-        wrap_blocks(module, plan, info.stage, lambda blk: recomputed(blk, plan.recompute))
-    fsdp = plan.sharding in ("zero2", "fsdp") and plan.dp > 1
-    if fsdp:
-        shard_stage(module, plan, info.stage, mesh["dp"])
-    if sp and plan.stages[info.stage].num_layers > 0:
-        assert isinstance(module, nn.Sequential)
-        start = 1 if info.stage == 0 else 0
-        module.insert(start + plan.stages[info.stage].num_layers,
-                      SequenceBoundary(tp_group, scatter=False))
-        module.insert(start, SequenceBoundary(tp_group, scatter=True))
     if tp > 1:
         bridge = _TPBridge(tp_group, leader, device)
         if info.tp_index > 0:
-            return StageRuntime(info=info, module=module, stage=None, schedule=None, mesh=mesh,
-                                dp_group=dp_group, pp_group=None, tp_group=tp_group,
+            return StageRuntime(info=info, module=one(chunks), stage=None, schedule=None,
+                                mesh=mesh, dp_group=dp_group, pp_group=None, tp_group=tp_group,
                                 num_stages=plan.num_stages, sharding=plan.sharding,
-                                _bridge=bridge, _avg_grads=plan.dp > 1 and not fsdp,
-                                _token_partial=token_partial, _grad_scale=grad_scale)
-        module = _TPLeader(module, bridge)
+                                _chunks=chunks, _bridge=bridge,
+                                _avg_grads=plan.dp > 1 and not fsdp,
+                                _token_partial=token_partial or None, _grad_scale=grad_scale)
+        wrapped: list[_nn.Module] = [TPLeader(c, bridge, k) for k, c in enumerate(chunks)]
     elif plan.dp > 1 and not fsdp:
-        module = nn.parallel.DistributedDataParallel(
-            module, process_group=dp_group, device_ids=[device] if device.type == "cuda" else None)
+        wrapped = [nn.parallel.DistributedDataParallel(
+            c, process_group=dp_group, device_ids=[device] if device.type == "cuda" else None)
+            for c in chunks]
+    else:
+        wrapped = chunks
     pp = _pipelining()
     pp_group = pp_groups[info.replica]
-    stage = _stage_class()(module, info.stage, plan.num_stages, device, group=pp_group)
-    stage.bridge = bridge
-    stage.reshard_each = plan.sharding == "fsdp"
-    kind = pp.ScheduleGPipe if plan.schedule == "gpipe" else pp.Schedule1F1B
-    if kind is pp.Schedule1F1B and plan.num_microbatches < plan.num_stages:
-        # PyTorch's 1F1B refuses M < stages: such plans run with GPipe, which is how the
-        # cost model estimates them (docs/cost-model.md, "The pipeline"); the search never
-        # proposes them.
-        if plan.num_microbatches > 1:
-            warnings.warn(f"plan has {plan.num_microbatches} micro-batches for "
-                          f"{plan.num_stages} stages: running it with GPipe (PyTorch's 1F1B "
-                          "needs one per stage), as its estimate assumes", stacklevel=2)
-        kind = pp.ScheduleGPipe
-    schedule = kind(stage, n_microbatches=plan.num_microbatches, loss_fn=loss_fn)
-    return StageRuntime(info=info, module=module, stage=stage, schedule=schedule, mesh=mesh,
-                        dp_group=dp_group, pp_group=pp_group, tp_group=tp_group,
-                        num_stages=plan.num_stages, sharding=plan.sharding, _bridge=bridge,
-                        _avg_grads=bridge is not None and plan.dp > 1 and not fsdp,
-                        _token_partial=token_partial)
+    stages = []
+    for s, w in zip(info.stages, wrapped, strict=True):
+        stage = _stage_class()(w, s, plan.num_stages, device, group=pp_group)
+        stage.bridge = bridge
+        stage.reshard_each = plan.sharding == "fsdp"
+        stages.append(stage)
+    if plan.virtual_stages > 1:
+        schedule = pp.ScheduleInterleaved1F1B(stages, n_microbatches=plan.num_microbatches,
+                                              loss_fn=loss_fn)
+    else:
+        kind = pp.ScheduleGPipe if plan.schedule == "gpipe" else pp.Schedule1F1B
+        if kind is pp.Schedule1F1B and plan.num_microbatches < plan.num_stages:
+            # PyTorch's 1F1B refuses M < stages: such plans run with GPipe, which is how the
+            # cost model estimates them (docs/cost-model.md, "The pipeline"); the search never
+            # proposes them.
+            if plan.num_microbatches > 1:
+                warnings.warn(f"plan has {plan.num_microbatches} micro-batches for "
+                              f"{plan.num_stages} stages: running it with GPipe (PyTorch's 1F1B "
+                              "needs one per stage), as its estimate assumes", stacklevel=2)
+            kind = pp.ScheduleGPipe
+        schedule = kind(stages[0], n_microbatches=plan.num_microbatches, loss_fn=loss_fn)
+    return StageRuntime(info=info, module=one(wrapped), stage=stages[0], schedule=schedule,
+                        mesh=mesh, dp_group=dp_group, pp_group=pp_group, tp_group=tp_group,
+                        num_stages=plan.num_stages, sharding=plan.sharding, stages=stages,
+                        _bridge=bridge, _avg_grads=bridge is not None and plan.dp > 1 and not fsdp,
+                        _token_partial=token_partial or None)

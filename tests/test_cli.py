@@ -197,3 +197,24 @@ def test_sharding_and_recompute_choices(tmp_path: Path, capsys: pytest.CaptureFi
         main([*PLAN_7B, "--sharding", "zero3"])
     err = capsys.readouterr().err
     assert "--sharding: expected a comma-separated list of none, zero1, zero2, fsdp" in err
+
+
+def test_interleaving_shows_in_the_plan_and_can_be_turned_off(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A plan the search interleaves says so, with what it cost without; `--virtual-stages
+    none` keeps the proven plan; a bad list is refused naming the flag."""
+    from espresso.cli.report import proof_words
+
+    words = proof_words({"gap": 0.0, "interleaving": {
+        "virtual_stages": 2, "total_usd_without": 1234.5, "total_hours_without": 10.0}})
+    assert words.startswith("proven optimal without interleaving; interleaved (2 stages per "
+                            "GPU group) from $1,234.50")
+    out = tmp_path / "p.json"
+    assert main([*PLAN_7B, "--virtual-stages", "none", "--json", str(out)]) == 0
+    assert es.Plan.from_json(out).virtual_stages == 1
+    capsys.readouterr()
+    for bad in ("1", "2,x", ""):
+        with pytest.raises(SystemExit):
+            main([*PLAN_7B, "--virtual-stages", bad])
+        assert "--virtual-stages: expected 'none' or a comma-separated list of integers" in (
+            capsys.readouterr().err)

@@ -47,6 +47,29 @@ def test_activations_match_korthikanti(tp: int, s: int) -> None:
     assert _core.block_activation_bytes(m._dims(), p, s, b, tp) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("tp", [2, 8])
+def test_selective_recomputation_keeps_korthikantis_34_sbh_over_t(tp: int) -> None:
+    """Korthikanti et al. 2022, eq. 6: with sequence parallelism and selective recomputation a
+    GPT block stores 34*s*b*h/t bytes (the score-sized tensors are rebuilt, one block at a
+    time); without recomputation it stores 5*a*s^2*b/t more."""
+    m = es.ModelSpec(name="gpt", num_layers=4, hidden_size=1024, num_heads=16, vocab_size=1024)
+    job = es.Job(model=m, seq_len=2048, global_batch_size=2, iterations=1, deadline_hours=1)
+    cost = es.CostParams(flash_attention=False, dropout_masks=True)
+    s, b, h, a = 2048, 2, 1024, 16
+
+    def stage(recompute: str) -> object:
+        plan = es.Plan(job=job, stages=(es.Stage(gpu="H100-SXM", tp=tp, layers=(0, 4)),),
+                       micro_batch_size=b, num_microbatches=1, recompute=recompute,
+                       sequence_parallel=True, cost_model=cost)
+        return es.estimate(plan).stages[0]
+
+    sel, none = stage("selective"), stage("none")
+    scores = 5 * a * s * s * b / tp
+    assert sel.activations_gb * 1e9 == pytest.approx(4 * 34 * s * b * h / tp)
+    assert none.activations_gb * 1e9 == pytest.approx(4 * 34 * s * b * h / tp + 4 * scores)
+    assert sel.transient_gb * 1e9 >= scores  # one block's scores while it is rebuilt
+
+
 def test_two_stage_plan_by_hand(tiny_job: es.Job, tiny_catalog: es.Catalog,
                                 exact_links: es.CostParams) -> None:
     plan = make_plan(tiny_job, [("X", 1, 0, 3), ("Y", 1, 3, 4)], dp=2, micro_batch_size=2,

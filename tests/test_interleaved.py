@@ -3,6 +3,7 @@ memory against independent computations, and the rank layout."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -114,3 +115,66 @@ def test_interleaved_peak_checks_its_input() -> None:
         _core.interleaved_peak([1.0, float("nan")], 2, 0, 4)
     with pytest.raises(ValueError, match="interleaved_peak"):
         _core.interleaved_peak([1.0], 2, 2, 4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(1, 30), min_size=2, max_size=6), v=st.integers(2, 5))
+def test_split_layers_keeps_each_groups_blocks_in_near_equal_chunks(counts: list[int],
+                                                                    v: int) -> None:
+    from espresso.interleave import split_layers
+
+    ranges = split_layers(counts, v)
+    pp = len(counts)
+    assert ranges[0][0] == 0 and ranges[-1][1] == sum(counts)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))  # model order
+    for d, n in enumerate(counts):
+        sizes = [ranges[s][1] - ranges[s][0] for s in range(d, pp * v, pp)]
+        assert sum(sizes) == n and max(sizes) - min(sizes) <= 1
+
+
+def test_interleave_keeps_the_best_chunking_that_fits_and_beats_the_plan() -> None:
+    from espresso.interleave import interleave, interleaved
+
+    base = plan(4, 1).with_estimate(CAT)
+    best = interleave(base, CAT, virtual_stages=(2, 3, 6))
+    # Our own enumeration of the same candidates.
+    options = [(es.estimate(c, CAT).total_usd, vs) for vs in (2, 3, 6)
+               if (c := interleaved(base, vs)) is not None and es.estimate(c, CAT).feasible]
+    want = min(options)
+    assert want[0] < base.estimate.total_usd  # interleaving pays here
+    assert best.virtual_stages == want[1]
+    assert best.estimate is not None and best.estimate.total_usd == pytest.approx(want[0])
+    assert best.stats is not None
+    assert best.stats["interleaving"]["total_usd_without"] == base.estimate.total_usd
+    assert [st.gpu for st in best.stages] == ["A100-80GB"] * best.num_stages
+    # Not applicable: one group, gpipe, micro-batches not a multiple of the groups, too few
+    # blocks per group; and a plan interleaving cannot improve comes back unchanged.
+    assert interleaved(plan(1, 1), 2) is None
+    assert interleaved(replace(base, schedule="gpipe"), 2) is None
+    assert interleaved(plan(3, 1, m=16), 2) is None
+    assert interleaved(base, 7) is None
+    assert interleave(base, CAT, virtual_stages=()) is base
+
+
+def test_search_interleaves_its_plans_unless_told_not_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search hands every plan it returns to interleave() with its chunk options (the
+    proof covers the plans before it), and with virtual_stages=() it does not."""
+    import importlib
+
+    search_mod = importlib.import_module("espresso.search")
+
+    seen = []
+
+    def spy(p: es.Plan, catalog: object, **kw: object) -> es.Plan:
+        seen.append(kw["virtual_stages"])
+        return p
+
+    monkeypatch.setattr(search_mod, "interleave", spy)
+    small = es.Job(model=es.ModelSpec.preset("gpt3-1.3b"), seq_len=1024, global_batch_size=8,
+                   iterations=10, deadline_hours=10)
+    es.search(small, CAT, time_limit_s=20, virtual_stages=(2, 4))
+    assert seen == [(2, 4)]
+    es.search(small, CAT, time_limit_s=20, virtual_stages=())
+    assert seen == [(2, 4)]
+    with pytest.raises(es.SpecError, match="virtual_stages"):
+        es.search(small, CAT, virtual_stages=(1,))

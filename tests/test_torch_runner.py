@@ -50,7 +50,8 @@ FP32 = es.CostParams(bytes_per_weight=4, bytes_per_grad=4)
 
 def make_plan(stages: list[tuple[int, int]], dp: int, m: int, schedule: str,
               tp: tuple[int, ...] | None = None, *, sharding: str = "none",
-              recompute: str = "none", sequence_parallel: bool = False) -> es.Plan:
+              recompute: str = "none", sequence_parallel: bool = False,
+              virtual_stages: int = 1) -> es.Plan:
     model = es.ModelSpec(name="tiny", num_layers=L, hidden_size=H, num_heads=2, vocab_size=V)
     job = es.Job(model=model, seq_len=SEQ, global_batch_size=dp * m, iterations=1,
                  deadline_hours=1, optimizer="sgd")
@@ -59,7 +60,8 @@ def make_plan(stages: list[tuple[int, int]], dp: int, m: int, schedule: str,
                    stages=tuple(es.Stage(gpu="L4", layers=s, tp=t)
                                 for s, t in zip(stages, tps, strict=True)),
                    sharding=sharding, recompute=recompute,
-                   sequence_parallel=sequence_parallel, cost_model=FP32)
+                   sequence_parallel=sequence_parallel, virtual_stages=virtual_stages,
+                   cost_model=FP32)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -128,10 +130,16 @@ def worker(rank: int, plan_json: str, port: int) -> None:
         mean /= plan.dp
         assert torch.allclose(mean, ref_loss, atol=1e-5), (float(mean), float(ref_loss))
     # Every parameter of this stage has the reference gradient (a TP shard: the gathered one).
-    a, b = plan.stages[rt.info.stage].layers
-    mine = ([emb] if rt.is_first else []) + blocks[a:b] + ([head] if rt.is_last else [])
-    theirs = (([ref_emb] if rt.is_first else []) + ref_blocks[a:b]
+    # This rank's blocks: its stage's, or under interleaving those of all its stages.
+    own = [i for s in plan.device_stages(rt.info.stage) for i in range(*plan.stages[s].layers)]
+    mine = (([emb] if rt.is_first else []) + [blocks[i] for i in own]
+            + ([head] if rt.is_last else []))
+    theirs = (([ref_emb] if rt.is_first else []) + [ref_blocks[i] for i in own]
               + ([ref_head] if rt.is_last else []))
+    if plan.virtual_stages > 1:
+        assert len(rt.stages) == plan.virtual_stages or not rt.is_tp_leader
+        assert type(rt.schedule).__name__ == ("ScheduleInterleaved1F1B" if rt.is_tp_leader
+                                              else "NoneType")
 
     def check_grads(step: int) -> None:
         for m_mine, m_ref in zip(mine, theirs, strict=True):
@@ -176,54 +184,60 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize(
-    ("stages", "dp", "m", "schedule", "tp", "sp"),
+    ("stages", "dp", "m", "schedule", "tp", "sp", "v"),
     [
-        ([(0, 1), (1, 4)], 1, 4, "1f1b", None, False),   # two stages, uneven split
-        ([(0, 3), (3, 4)], 2, 2, "1f1b", None, False),   # pp 2 x dp 2
-        ([(0, 2), (2, 4)], 1, 3, "gpipe", None, False),  # GPipe
-        ([(0, 1), (1, 4)], 1, 4, "1f1b", (2, 1), False),  # tp 2 feeding tp 1
-        ([(0, 3), (3, 4)], 2, 2, "gpipe", (1, 2), False),  # tp 1 feeding tp 2, dp 2
-        ([(0, 4)], 1, 2, "1f1b", (2,), False),  # one stage of tp 2
-        ([(0, 1), (1, 2), (2, 4)], 1, 2, "1f1b", None, False),  # 1F1B, M below stages
-        ([(0, 1), (1, 4)], 1, 4, "1f1b", (2, 1), True),   # sequence parallelism on stage 0
-        ([(0, 3), (3, 4)], 2, 2, "gpipe", (1, 2), True),  # ... on the last stage, dp 2
+        ([(0, 1), (1, 4)], 1, 4, "1f1b", None, False, 1),   # two stages, uneven split
+        ([(0, 3), (3, 4)], 2, 2, "1f1b", None, False, 1),   # pp 2 x dp 2
+        ([(0, 2), (2, 4)], 1, 3, "gpipe", None, False, 1),  # GPipe
+        ([(0, 1), (1, 4)], 1, 4, "1f1b", (2, 1), False, 1),  # tp 2 feeding tp 1
+        ([(0, 3), (3, 4)], 2, 2, "gpipe", (1, 2), False, 1),  # tp 1 feeding tp 2, dp 2
+        ([(0, 4)], 1, 2, "1f1b", (2,), False, 1),  # one stage of tp 2
+        ([(0, 1), (1, 2), (2, 4)], 1, 2, "1f1b", None, False, 1),  # 1F1B, M below stages
+        ([(0, 1), (1, 4)], 1, 4, "1f1b", (2, 1), True, 1),   # sequence parallelism on stage 0
+        ([(0, 3), (3, 4)], 2, 2, "gpipe", (1, 2), True, 1),  # ... on the last stage, dp 2
+        # Interleaved 1F1B: two GPU groups with two stages each (virtual_stages 2)
+        ([(0, 1), (1, 2), (2, 3), (3, 4)], 1, 4, "1f1b", None, False, 2),
+        ([(0, 1), (1, 2), (2, 3), (3, 4)], 2, 2, "1f1b", None, False, 2),  # with DDP
+        ([(0, 1), (1, 2), (2, 3), (3, 4)], 1, 2, "1f1b", (2, 1, 2, 1), True, 2),  # tp 2, SP
     ],
     ids=["uneven-1f1b", "pp2xdp2", "gpipe", "tp2-tp1", "tp1-tp2-dp2", "tp2-alone", "m-below-pp",
-         "tp2-sp-tp1", "tp1-tp2-sp-dp2"],
+         "tp2-sp-tp1", "tp1-tp2-sp-dp2", "interleaved", "interleaved-dp2", "interleaved-tp2-sp"],
 )
 def test_pipeline_matches_single_process(stages: list[tuple[int, int]], dp: int, m: int,
                                          schedule: str, tp: tuple[int, ...] | None,
-                                         sp: bool) -> None:
-    plan = make_plan(stages, dp, m, schedule, tp, sequence_parallel=sp)
+                                         sp: bool, v: int) -> None:
+    plan = make_plan(stages, dp, m, schedule, tp, sequence_parallel=sp, virtual_stages=v)
     torch.multiprocessing.spawn(worker, args=(plan.to_json(), free_port()),
                                 nprocs=plan.num_gpus, join=True)
 
 
 @pytest.mark.parametrize(
-    ("stages", "tp", "sharding", "recompute", "sp"),
+    ("stages", "tp", "sharding", "recompute", "sp", "v"),
     [
-        ([(0, 4)], None, "zero1", "none", False),
-        ([(0, 4)], None, "zero2", "none", False),
-        ([(0, 4)], None, "fsdp", "full", False),
-        ([(0, 2), (2, 4)], None, "fsdp", "selective", False),
-        ([(0, 3), (3, 4)], (2, 1), "fsdp", "none", False),   # FSDP over TP shards (2-D)
-        ([(0, 3), (3, 4)], (2, 1), "zero2", "selective", True),   # ... with sequence parallelism
+        ([(0, 4)], None, "zero1", "none", False, 1),
+        ([(0, 4)], None, "zero2", "none", False, 1),
+        ([(0, 4)], None, "fsdp", "full", False, 1),
+        ([(0, 2), (2, 4)], None, "fsdp", "selective", False, 1),
+        ([(0, 3), (3, 4)], (2, 1), "fsdp", "none", False, 1),   # FSDP over TP shards (2-D)
+        ([(0, 3), (3, 4)], (2, 1), "zero2", "selective", True, 1),   # ... with sequence parallelism
+        ([(0, 1), (1, 2), (2, 3), (3, 4)], None, "fsdp", "none", False, 2),  # interleaved
     ],
-    ids=["zero1", "zero2", "fsdp-full", "pp2-fsdp-selective", "tp2-fsdp", "tp2-sp-zero2"],
+    ids=["zero1", "zero2", "fsdp-full", "pp2-fsdp-selective", "tp2-fsdp", "tp2-sp-zero2",
+         "interleaved-fsdp"],
 )
 def test_sharded_plans_match_single_process(stages: list[tuple[int, int]],
                                             tp: tuple[int, ...] | None, sharding: str,
-                                            recompute: str, sp: bool, tmp_path: Path,
+                                            recompute: str, sp: bool, v: int, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Sharded data parallelism (dp 2, 2 micro-batches per replica) and recomputation: the
     same losses, gradients and AdamW step as one process; and each rank holds the model
     states the estimate says (weights, gradients, optimizer states per GPU)."""
     plan = make_plan(stages, 2, 2, "1f1b", tp, sharding=sharding, recompute=recompute,
-                     sequence_parallel=sp)
+                     sequence_parallel=sp, virtual_stages=v)
     monkeypatch.setenv("ESPRESSO_TEST_STATES", str(tmp_path))
     torch.multiprocessing.spawn(worker, args=(plan.to_json(), free_port()),
                                 nprocs=plan.num_gpus, join=True)
-    plain = make_plan(stages, 2, 2, "1f1b", tp, sequence_parallel=sp)
+    plain = make_plan(stages, 2, 2, "1f1b", tp, sequence_parallel=sp, virtual_stages=v)
     (tmp_path / "plain").mkdir()
     monkeypatch.setenv("ESPRESSO_TEST_STATES", str(tmp_path / "plain"))
     torch.multiprocessing.spawn(worker, args=(plain.to_json(), free_port()),

@@ -126,11 +126,17 @@ double block_activation_bytes(const ModelDims& m, const CostParams& p, std::int6
     split += (m.gated_mlp ? 4.0 : 2.0) * sb * f * act;
     if (p.flash_attention) {
         split += 4.0 * a * sb;  // fp32 log-sum-exp per head and row
-    } else {
-        // softmax output (+ dropout mask and dropout output)
-        split += (p.dropout_masks ? (2.0 * act + 1.0) : act) * a * s * sb;
     }
-    return (sequence_parallel ? replicated / t : replicated) + split / t;
+    // The non-flash softmax output (+ dropout mask and dropout output): attention_score_bytes.
+    return (sequence_parallel ? replicated / t : replicated) + split / t +
+           attention_score_bytes(m, p, seq_len, micro_batch, tp);
+}
+
+double attention_score_bytes(const ModelDims& m, const CostParams& p, std::int64_t seq_len,
+                             std::int64_t micro_batch, std::int64_t tp) {
+    if (p.flash_attention) return 0.0;  // FlashAttention keeps no score matrix
+    const double s = d(seq_len), sb = s * d(micro_batch), act = p.bytes_per_activation;
+    return (p.dropout_masks ? (2.0 * act + 1.0) : act) * d(m.num_heads) * s * sb / d(tp);
 }
 
 StateShards state_shards(Sharding s, std::int64_t dp) {
@@ -288,6 +294,12 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
         if (work.sequence_parallel) input /= td;
         e.activation_bytes = d(e.in_flight) * L * input;
         e.transient_bytes = num_layers > 0 ? blk_act : 0.0;
+    } else if (work.recompute == Recompute::Selective) {
+        // The attention core's score-sized tensors are rebuilt in the backward, one block
+        // at a time (Korthikanti et al. 2022, sec. 5).
+        const double scores = attention_score_bytes(model, params, s, b, tp) * g.activation_scale;
+        e.activation_bytes = d(e.in_flight) * L * (blk_act - scores);
+        e.transient_bytes = num_layers > 0 ? scores : 0.0;
     } else {
         e.activation_bytes = d(e.in_flight) * L * blk_act;
     }

@@ -190,6 +190,11 @@ double block_fwd_flops(const ModelDims& m, std::int64_t seq_len, std::int64_t mi
 double head_fwd_flops(const ModelDims& m, std::int64_t seq_len, std::int64_t micro_batch);
 // Bytes one block keeps for backward for one micro-batch on one GPU of a TP group (with
 // sequence parallelism the norms' and dropouts' tensors are split over the group too).
+// Bytes of the attention core's score-sized tensors (softmax output, dropout mask and output)
+// of one block and micro-batch on one GPU of a TP group: 0 with flash attention. Selective
+// recomputation does not keep them.
+double attention_score_bytes(const ModelDims& m, const CostParams& p, std::int64_t seq_len,
+                             std::int64_t micro_batch, std::int64_t tp);
 double block_activation_bytes(const ModelDims& m, const CostParams& p, std::int64_t seq_len,
                               std::int64_t micro_batch, std::int64_t tp,
                               bool sequence_parallel = false);

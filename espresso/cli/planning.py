@@ -13,6 +13,7 @@ from .. import _io
 from .._validate import load_yaml
 from ..errors import JobError
 from ..estimate import estimate
+from ..interleave import DEFAULT_VIRTUAL_STAGES
 from ..job import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LEN, Job
 from ..plan import RECOMPUTE, SHARDING, Plan
 from ..progress import DEFAULT_TIME_LIMIT_S, SearchProgress, TimeBudget
@@ -115,6 +116,22 @@ def _word_list(name: str, allowed: tuple[str, ...]) -> Any:
     return parse
 
 
+def _int_list(name: str, lo: int, hi: int) -> Any:
+    def parse(text: str) -> tuple[int, ...]:
+        if text.strip() == "none":
+            return ()
+        try:
+            out = tuple(int(w) for w in text.split(",") if w.strip())
+        except ValueError:
+            out = ()
+        if not out or any(not lo <= x <= hi for x in out):
+            msg = (f"--{name}: expected 'none' or a comma-separated list of integers in "
+                   f"[{lo}, {hi}], got {text!r}")
+            raise argparse.ArgumentTypeError(msg)
+        return out
+    return parse
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     c.check_output("--json", args.json)
     budget = TimeBudget(args.time_limit)
@@ -126,7 +143,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                  max_tp=args.max_tp, profiles=c.load_profiles(args.profile),
                                  cost_model=c.load_cost_model(args.cost_model),
                                  scope=args.scope, sharding=args.sharding,
-                                 recompute=args.recompute)
+                                 recompute=args.recompute, virtual_stages=args.virtual_stages)
     kwargs = {**space, "objective": objective, "budget_usd": args.budget}
     progress = SearchProgress()
     share = MAIN_SHARE if args.compare else 1.0
@@ -231,6 +248,11 @@ def register(sub: Any) -> None:
                    metavar="LIST",
                    help=f"recomputation modes to search, from {', '.join(RECOMPUTE)} "
                         "(default none,full)")
+    p.add_argument("--virtual-stages", type=_int_list("virtual-stages", 2, 64),
+                   default=",".join(map(str, DEFAULT_VIRTUAL_STAGES)), metavar="LIST",
+                   help="chunks per GPU group with which the plan found is then interleaved "
+                        "(interleaved 1F1B), keeping the best that beats it; 'none' turns it "
+                        f"off (default {','.join(map(str, DEFAULT_VIRTUAL_STAGES))})")
     p.add_argument("--no-compare", dest="compare", action="store_false",
                    help="skip the comparison with single-type plans")
     c.add_profile_arg(p)

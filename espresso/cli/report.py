@@ -146,6 +146,13 @@ def proof_words(stats: dict[str, object] | SearchStats | None) -> str:
     if stats is None:
         return "no search statistics"
     gap = stats.gap if isinstance(stats, SearchStats) else stats.get("gap")
+    inter = None if isinstance(stats, SearchStats) else stats.get("interleaving")
+    if isinstance(inter, dict):
+        what = ("proven optimal without interleaving" if gap == 0.0 else
+                f"gap {gap:.2%} without interleaving" if isinstance(gap, float)
+                and math.isfinite(gap) else "not proven")
+        return (f"{what}; interleaved ({inter['virtual_stages']} stages per GPU group) from "
+                f"${inter['total_usd_without']:,.2f}, {_hours(inter['total_hours_without'])}")
     if gap == 0.0:
         return "proven optimal within the cost model (gap 0)"
     if isinstance(gap, float) and math.isfinite(gap):
