@@ -253,6 +253,7 @@ class SearchOptions:
     micro_batch_sizes: list[int]
     recompute: list[Recompute]
     sharding: list[Sharding]
+    virtual_stages: list[int]
     schedule: Schedule
     max_stages: int
     max_tp: int

@@ -110,7 +110,8 @@ def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | 
              threads: int | None, top_k: int, max_stages: int, max_tp: int,
              micro_batch_sizes: Iterable[int], recompute: Iterable[str], schedule: str,
              enforce_deadline: bool, prune: dict[str, bool] | None,
-             max_gpu_types: int | None = None, sharding: Iterable[str] = ("none",)) -> Any:
+             max_gpu_types: int | None = None, sharding: Iterable[str] = ("none",),
+             virtual_stages: Iterable[int] = (1,)) -> Any:
     o = core.SearchOptions()
     objective = v.choice("objective", objective, ("cost", "time"))
     o.objective = core.Objective.COST if objective == "cost" else core.Objective.TIME
@@ -138,6 +139,15 @@ def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | 
         msg = f"sharding: expected at least one of {', '.join(map(repr, SHARDING))}, got none"
         raise SpecError(msg)
     o.sharding = [SHARDING_CORE[x] for x in dict.fromkeys(shs)]
+    if isinstance(virtual_stages, (str, bytes)) or not isinstance(virtual_stages, Iterable):
+        msg = f"virtual_stages: expected a list of integers in [1, 64], got {virtual_stages!r}"
+        raise SpecError(msg)
+    vs = list(dict.fromkeys(v.integer("virtual_stages[]", x, minimum=1, maximum=64)
+                            for x in virtual_stages))
+    if not vs:
+        msg = "virtual_stages: expected at least one value (1: plain pipelines), got none"
+        raise SpecError(msg)
+    o.virtual_stages = vs
     schedule = v.choice("schedule", schedule, SCHEDULES)
     o.schedule = core.Schedule.GPIPE if schedule == "gpipe" else core.Schedule.ONE_F_ONE_B
     o.enforce_deadline = enforce_deadline
@@ -190,10 +200,12 @@ def _to_plan(sp: Any, job: Job, catalog: Catalog, rows: Sequence[GpuType], cost:
     w = sp.work
     stages = tuple(_stage(rows[s.gpu], s.tp, (s.layer_begin, s.layer_end)) for s in sp.stages)
     plan = Plan(job=job, stages=stages, dp=w.dp, micro_batch_size=w.micro_batch_size,
-                num_microbatches=w.num_microbatches,
+                num_microbatches=w.num_microbatches, virtual_stages=w.virtual_stages,
                 schedule="gpipe" if w.schedule == core.Schedule.GPIPE else "1f1b",
                 recompute=_NAMES[w.recompute], sharding=_NAMES[w.sharding],
-                sequence_parallel=bool(w.sequence_parallel), cost_model=cost, stats=stats,
+                # Only where it does something: a stage split over TP ranks.
+                sequence_parallel=bool(w.sequence_parallel) and any(st.tp > 1 for st in stages),
+                cost_model=cost, stats=stats,
                 domain=domain,
                 profiles={g: p for g, p in profiles.items() if any(st.gpu == g for st in stages)})
     est = estimate(plan, catalog)
@@ -208,12 +220,13 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
            threads: int | None = None, top_k: int = 1, max_stages: int = 8, max_tp: int = 8,
            micro_batch_sizes: Sequence[int] = (1, 2, 4, 8),
            recompute: Sequence[str] = ("none", "full"), schedule: str = "1f1b",
-           sharding: Sequence[str] = DEFAULT_SHARDING, sequence_parallel: bool = False,
+           sharding: Sequence[str] = DEFAULT_SHARDING, sequence_parallel: bool | None = None,
            cost_model: CostParams | None = None, enforce_deadline: bool = True,
            prune: dict[str, bool] | None = None, profiles: Any = None,
            max_gpu_types: int | None = None, progress: SearchProgress | None = None,
            phase: str = "searching", scope: str = "region",
-           virtual_stages: Sequence[int] = DEFAULT_VIRTUAL_STAGES) -> SearchResult:
+           virtual_stages: Sequence[int] = (1,),
+           interleave_after: Sequence[int] = DEFAULT_VIRTUAL_STAGES) -> SearchResult:
     """Run the search and return up to ``top_k`` plans with the statistics.
 
     ``time_limit_s`` is a wall-clock limit (default 60 s; ``None``: none): the search then
@@ -235,10 +248,16 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     the deadline; ``objective="time"`` minimises total hours within ``budget_usd`` (the
     deadline is then ignored).
 
-    ``virtual_stages``: chunks per GPU group with which each plan found is then interleaved
-    (interleaved 1F1B, :func:`espresso.interleave.interleave`), keeping the best when it
-    beats the plan; ``()`` turns it off. The proof (``stats.gap``) covers plans without
-    interleaving (docs/search.md, "Interleaving").
+    ``sequence_parallel``: TP stages run with sequence parallelism (``None``, the default:
+    whenever every TP width the search may pick divides the sequence length; it never costs
+    time or memory in the model).
+
+    ``virtual_stages``: stages per GPU group the search tries, exactly: 1 is a plain
+    pipeline, ``v >= 2`` interleaved 1F1B (``Plan.virtual_stages``, each group's blocks in
+    near-equal chunks), and the proof covers every value given. ``interleave_after``: chunks
+    with which each plan found is afterwards interleaved when that is better
+    (:func:`espresso.interleave.interleave`), a refinement outside the proof; ``()`` turns it
+    off (docs/search.md, "Interleaving").
     """
     if not isinstance(job, Job):
         msg = f"search: expected a Job, got {type(job).__name__}"
@@ -253,14 +272,21 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         _options, objective=objective, budget_usd=budget_usd, top_k=top_k,
         max_stages=max_stages, max_tp=max_tp, micro_batch_sizes=micro_batch_sizes,
         recompute=recompute, schedule=schedule, enforce_deadline=enforce_deadline,
-        prune=prune, max_gpu_types=max_gpu_types, sharding=sharding)
-    sequence_parallel = v.boolean("sequence_parallel", sequence_parallel)
-    if isinstance(virtual_stages, (str, bytes)) or not isinstance(virtual_stages, Sequence):
-        msg = f"virtual_stages: expected a list of integers >= 2, got {virtual_stages!r}"
+        prune=prune, max_gpu_types=max_gpu_types, sharding=sharding,
+        virtual_stages=virtual_stages)
+    if isinstance(interleave_after, (str, bytes)) or not isinstance(interleave_after, Sequence):
+        msg = f"interleave_after: expected a list of integers >= 2, got {interleave_after!r}"
         raise SpecError(msg)
-    chunks = tuple(v.integer("virtual_stages[]", x, minimum=2, maximum=64)
-                   for x in virtual_stages)
+    chunks = tuple(v.integer("interleave_after[]", x, minimum=2, maximum=64)
+                   for x in interleave_after)
     opts = options(time_limit_s=time_limit_s, threads=threads)
+    if sequence_parallel is None:
+        # Sequence parallelism only removes work and memory in the cost model (the same
+        # traffic as the all-reduces it replaces), so it is on wherever the runner can run
+        # it: every TP width the search may pick (powers of two up to max_tp) divides seq_len.
+        widest = 1 << (opts.max_tp.bit_length() - 1)
+        sequence_parallel = job.seq_len % widest == 0
+    sequence_parallel = v.boolean("sequence_parallel", sequence_parallel)
     if progress is not None:
         if not isinstance(progress, SearchProgress):
             msg = f"progress: expected a SearchProgress, got {type(progress).__name__}"
@@ -479,10 +505,11 @@ def _rank_key(p: Plan, by_cost: bool) -> tuple[float, float]:
 
 
 def _plan_key(p: Any) -> tuple[Any, ...]:
-    gpus = sum(s.tp for s in p.stages) * p.work.dp
+    groups = len(p.stages) // max(1, p.work.virtual_stages)
+    gpus = sum(s.tp for s in p.stages[:groups]) * p.work.dp
     return (gpus, p.estimate.iteration_s, p.work.dp, p.work.micro_batch_size,
-            int(p.work.recompute), tuple((s.gpu, s.tp, s.layer_begin, s.layer_end)
-                                         for s in p.stages))
+            int(p.work.recompute), p.work.virtual_stages,
+            tuple((s.gpu, s.tp, s.layer_begin, s.layer_end) for s in p.stages))
 
 
 def _rent(plan: Plan) -> str:
@@ -598,10 +625,11 @@ def plan(job: Job, catalog: Catalog | None = None, *,
 def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
           micro_batch_size: int = 1, recompute: str = "none", schedule: str = "1f1b",
           catalog: Catalog | None = None, cost_model: CostParams | None = None,
-          profiles: Any = None,
+          profiles: Any = None, virtual_stages: int = 1,
           time_limit_s: float | None = DEFAULT_TIME_LIMIT_S) -> Plan:
     """Arrange GPUs you already have: the stage order and layer split with the smallest
-    iteration time for the given stage groups ``[(gpu type, tp), ...]`` (one per stage).
+    iteration time for the given stage groups ``[(gpu type, tp), ...]`` (one per stage, or
+    with ``virtual_stages`` = v > 1 one per GPU group running v interleaved stages).
     ``time_limit_s`` (default 60 s; ``None``: none) stops it with the best arrangement so far
     (``plan.stats["exhaustive"]`` is then false).
 
@@ -646,6 +674,15 @@ def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
         msg = (f"place: the global batch {B} is not a multiple of dp {dp} x micro_batch_size "
                f"{micro_batch_size}")
         raise SpecError(msg)
+    virtual_stages = v.integer("virtual_stages", virtual_stages, minimum=1, maximum=64)
+    if virtual_stages > 1:
+        M = B // (dp * micro_batch_size)
+        if (len(groups) < 2 or M % len(groups) or schedule != "1f1b"
+                or len(groups) * virtual_stages > job.model.num_layers):
+            msg = (f"place: virtual_stages {virtual_stages} needs the 1f1b schedule, at least 2 "
+                   f"groups, micro-batches ({M}) a multiple of the groups ({len(groups)}) and "
+                   f"{virtual_stages} blocks per group ({job.model.num_layers} in all)")
+            raise SpecError(msg)
     probe = Plan(job=job, stages=tuple(Stage(gpu=n, tp=t, layers=(0, 1)) for n, t in groups),
                  dp=dp, micro_batch_size=micro_batch_size,
                  num_microbatches=B // (dp * micro_batch_size), recompute=recompute,
@@ -656,7 +693,9 @@ def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
     opts = core.PlaceOptions()
     if time_limit_s is not None:
         opts.time_limit_s = v.number("time_limit_s", time_limit_s, positive=True, maximum=1e7)
-    res = core.place(job.model._dims(), specs, cost._core(), _workload(probe), core_groups, opts)
+    work = _workload(probe)
+    work.virtual_stages = virtual_stages
+    res = core.place(job.model._dims(), specs, cost._core(), work, core_groups, opts)
     if not res.found and not res.exhaustive:
         why = (f"the time limit ({time_limit_s} s; allow more with time_limit_s)"
                if res.timed_out else "the placer's node limit")
@@ -671,7 +710,8 @@ def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
                    for s in res.stages)
     out = Plan(job=job, stages=stages, dp=dp, micro_batch_size=micro_batch_size,
                num_microbatches=probe.num_microbatches, recompute=probe.recompute,
-               schedule=probe.schedule, cost_model=cost, profiles=profs,
+               schedule=probe.schedule, virtual_stages=virtual_stages, cost_model=cost,
+               profiles=profs,
                stats={"placer_nodes": res.nodes, "placer_leaves": res.leaves,
                       "exhaustive": res.exhaustive, "timed_out": res.timed_out,
                       "lower_bound_s": res.lower_bound_s})

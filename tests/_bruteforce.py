@@ -41,11 +41,18 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                 sharding: tuple[str, ...] = ("none", "zero1", "zero2", "fsdp"), max_stages: int = 4,
                 max_tp: int = 8, cost_model: es.CostParams | None = None,
                 profiles: dict[str, es.Profile] | None = None, objective: str = "cost",
-                budget_usd: float = math.inf,
+                budget_usd: float = math.inf, sequence_parallel: bool | None = None,
+                virtual_stages: tuple[int, ...] = (1,),
                 ) -> tuple[float, es.Plan | None, int]:
     """(best objective, best plan, plans estimated); inf when nothing is feasible. ``cost``:
     least USD meeting the deadline; ``time``: least hours within ``budget_usd`` (deadline
-    ignored)."""
+    ignored). ``sequence_parallel``: as the search's default when None (on when every
+    power-of-two TP width up to ``max_tp`` divides the sequence length). ``virtual_stages``:
+    stages per GPU group (v >= 2: interleaved 1F1B, each group's blocks in v near-equal
+    chunks, the larger first, when there are at least 2 groups, M is a multiple of their
+    number and each holds v blocks)."""
+    if sequence_parallel is None:
+        sequence_parallel = job.seq_len % (1 << (max_tp.bit_length() - 1)) == 0
     model = job.model
     groups = [(g.name, w) for g in catalog for w in widths(model, g, max_tp)]
     best, best_plan, count = math.inf, None, 0
@@ -68,25 +75,33 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                         use[name] = use.get(name, 0) + w * dp
                     if any(use[n] > catalog[n].count for n in use):
                         continue
-                    for order in set(itertools.permutations(ms)):
-                        for split in compositions(model.num_layers, len(order)):
-                            stages, begin = [], 0
+                    for order, split, v in itertools.product(
+                            set(itertools.permutations(ms)),
+                            compositions(model.num_layers, len(ms)), virtual_stages):
+                        P = len(order)
+                        if v > 1 and (P < 2 or m % P or min(split) < v):
+                            continue
+                        # Stage c * P + i: chunk c of group i, chunks as equal as possible.
+                        stages, begin = [], 0
+                        for c in range(v):
                             for (name, w), n in zip(order, split, strict=True):
-                                stages.append(es.Stage(gpu=name, tp=w, layers=(begin, begin + n)))
-                                begin += n
-                            plan = es.Plan(job=job, stages=tuple(stages), dp=dp,
-                                           micro_batch_size=b, num_microbatches=m,
-                                           recompute=rc, sharding=sh,
-                                           cost_model=cost_model or es.CostParams(),
-                                           profiles={g: p for g, p in (profiles or {}).items()
-                                                     if any(st.gpu == g for st in stages)})
-                            est = es.estimate(plan, catalog)
-                            count += 1
-                            if not est.feasible:
-                                continue
-                            if objective == "cost":
-                                if est.meets_deadline and est.total_usd < best:
-                                    best, best_plan = est.total_usd, plan
-                            elif est.total_usd <= budget_usd and est.total_hours < best:
-                                best, best_plan = est.total_hours, plan
+                                k = n // v + (1 if c < n % v else 0)
+                                stages.append(es.Stage(gpu=name, tp=w, layers=(begin, begin + k)))
+                                begin += k
+                        plan = es.Plan(job=job, stages=tuple(stages), dp=dp,
+                                       micro_batch_size=b, num_microbatches=m,
+                                       recompute=rc, sharding=sh, virtual_stages=v,
+                                       sequence_parallel=sequence_parallel,
+                                       cost_model=cost_model or es.CostParams(),
+                                       profiles={g: p for g, p in (profiles or {}).items()
+                                                 if any(st.gpu == g for st in stages)})
+                        est = es.estimate(plan, catalog)
+                        count += 1
+                        if not est.feasible:
+                            continue
+                        if objective == "cost":
+                            if est.meets_deadline and est.total_usd < best:
+                                best, best_plan = est.total_usd, plan
+                        elif est.total_usd <= budget_usd and est.total_hours < best:
+                            best, best_plan = est.total_hours, plan
     return best, best_plan, count

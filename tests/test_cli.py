@@ -201,8 +201,9 @@ def test_sharding_and_recompute_choices(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_interleaving_shows_in_the_plan_and_can_be_turned_off(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A plan the search interleaves says so, with what it cost without; `--virtual-stages
-    none` keeps the proven plan; a bad list is refused naming the flag."""
+    """A plan interleaved after the search says so, with what it cost without;
+    `--interleave-after none` keeps the proven plan; `--virtual-stages 1,2` searches
+    interleaving exactly; bad lists are refused naming the flag."""
     from espresso.cli.report import proof_words
 
     words = proof_words({"gap": 0.0, "interleaving": {
@@ -210,11 +211,17 @@ def test_interleaving_shows_in_the_plan_and_can_be_turned_off(
     assert words.startswith("proven optimal without interleaving; interleaved (2 stages per "
                             "GPU group) from $1,234.50")
     out = tmp_path / "p.json"
-    assert main([*PLAN_7B, "--virtual-stages", "none", "--json", str(out)]) == 0
+    assert main([*PLAN_7B, "--interleave-after", "none", "--json", str(out)]) == 0
     assert es.Plan.from_json(out).virtual_stages == 1
+    # Proving interleaved plans is slower (docs/search.md): a short limit, the best so far.
+    assert main([*PLAN_7B, "--virtual-stages", "1,2", "--no-compare", "--time-limit", "3",
+                 "--json", str(out)]) == 0
+    assert es.Plan.from_json(out).virtual_stages in (1, 2)
     capsys.readouterr()
-    for bad in ("1", "2,x", ""):
+    for flag, bad, what in (("--interleave-after", "1", "expected 'none' or a comma-separated"),
+                            ("--interleave-after", "2,x", "expected 'none' or a comma-separated"),
+                            ("--virtual-stages", "none", "expected a comma-separated"),
+                            ("--virtual-stages", "0", "expected a comma-separated")):
         with pytest.raises(SystemExit):
-            main([*PLAN_7B, "--virtual-stages", bad])
-        assert "--virtual-stages: expected 'none' or a comma-separated list of integers" in (
-            capsys.readouterr().err)
+            main([*PLAN_7B, flag, bad])
+        assert f"{flag}: {what}" in capsys.readouterr().err

@@ -18,7 +18,7 @@ from espresso.cloud import apply_quota, max_instances, read_skypilot, subproblem
 COST = es.CostParams(reserved_gb=0.0)
 SMALL = dict(micro_batch_sizes=(1, 2), max_tp=2, cost_model=COST, threads=1,
              sharding=("none", "zero1", "zero2", "fsdp"),
-             virtual_stages=())  # the proven search alone: the brute force does not interleave
+             interleave_after=())  # the proven search alone, without the refinement
 
 AWS = """InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone,Arch
 p4d.24xlarge,A100,8.0,96.0,1152.0,"{'Gpus': [{'Name': 'A100', 'Manufacturer': 'NVIDIA', 'Count': 8, 'MemoryInfo': {'SizeInMiB': 40960}}]}",21.96,6.5,us-east-1,use1-az1,x86_64

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from _bruteforce import brute_force, compositions
@@ -16,7 +17,7 @@ BASE = es.Catalog.builtin("gpus")
 COST = es.CostParams(reserved_gb=0.0)
 SMALL = dict(micro_batch_sizes=(1, 2), max_tp=2, cost_model=COST, threads=1,
              sharding=("none", "zero1", "zero2", "fsdp"),
-             virtual_stages=())  # the proven search alone: the brute force does not interleave
+             interleave_after=())  # the proven search alone, without the refinement
 
 
 def random_instance(seed: int, max_stages: int, *,
@@ -80,6 +81,21 @@ def test_search_equals_brute_force(seed: int, max_stages: int) -> None:
         assert math.isinf(got)
     else:
         assert got == pytest.approx(expected, rel=1e-9), plan
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_search_without_sequence_parallelism_equals_brute_force(seed: int) -> None:
+    """Sequence parallelism is on by default (it only removes work and memory); the search
+    without it is exact too, and never cheaper than with it."""
+    job, catalog = random_instance(seed, 2)
+    expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=2,
+                                    max_tp=2, cost_model=COST, sequence_parallel=False)
+    got = search_cost(job, catalog, 2, sequence_parallel=False)
+    if math.isinf(expected):
+        assert math.isinf(got)
+    else:
+        assert got == pytest.approx(expected, rel=1e-9), plan
+        assert search_cost(job, catalog, 2) <= got * (1 + 1e-12)
 
 
 @pytest.mark.parametrize(("seed", "max_stages"),
@@ -353,3 +369,23 @@ def test_depth_first_dives_keep_the_optimum() -> None:
     assert small.stats.dives > 0
     assert small.stats.complete
     assert small.plans[0].objective == full.plans[0].objective
+
+
+def test_plans_with_tp_stages_use_sequence_parallelism_by_default() -> None:
+    """The search's plans run their TP stages with sequence parallelism unless told not to
+    (the flag is written only where a stage has tp > 1); a sequence the widths do not divide
+    turns it off."""
+    seen = 0
+    for seed in range(40):
+        job, catalog = random_instance(seed, 2)
+        r = es.search(job, catalog, max_stages=2, **SMALL)  # type: ignore[arg-type]
+        if not r.plans:
+            continue
+        p = r.plans[0]
+        assert p.sequence_parallel == any(st.tp > 1 for st in p.stages)
+        seen += p.sequence_parallel
+        off = es.search(job, catalog, max_stages=2, **{**SMALL, "sequence_parallel": False})
+        assert not any(q.sequence_parallel for q in off.plans)
+        odd = es.search(replace(job, seq_len=255), catalog, max_stages=2, **SMALL)
+        assert not any(q.sequence_parallel for q in odd.plans)
+    assert seen > 0

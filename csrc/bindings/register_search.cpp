@@ -56,6 +56,7 @@ void register_search(py::module_& m) {
         .def_readwrite("micro_batch_sizes", &SearchOptions::micro_batch_sizes)
         .def_readwrite("recompute", &SearchOptions::recompute)
         .def_readwrite("sharding", &SearchOptions::sharding)
+        .def_readwrite("virtual_stages", &SearchOptions::virtual_stages)
         .def_readwrite("schedule", &SearchOptions::schedule)
         .def_readwrite("max_stages", &SearchOptions::max_stages)
         .def_readwrite("max_tp", &SearchOptions::max_tp)

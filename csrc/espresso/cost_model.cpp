@@ -264,6 +264,29 @@ void validate(const Workload& w) {
     }
 }
 
+BlockStash block_stash(const ModelDims& model, const GpuSpec& g, const CostParams& params,
+                       const Workload& work, std::int64_t tp) {
+    const std::int64_t s = work.seq_len, b = work.micro_batch_size;
+    const double blk_act = block_activation_bytes(model, params, s, b, tp, work.sequence_parallel) *
+                           g.activation_scale;
+    BlockStash out;
+    if (work.recompute == Recompute::Full) {
+        double input = d(s) * d(b) * d(model.hidden_size) * params.bytes_per_activation;
+        if (work.sequence_parallel) input /= d(tp);
+        out.kept = input;
+        out.rebuilt = blk_act;
+    } else if (work.recompute == Recompute::Selective) {
+        // The attention core's score-sized tensors are rebuilt in the backward, one block
+        // at a time (Korthikanti et al. 2022, sec. 5).
+        const double scores = attention_score_bytes(model, params, s, b, tp) * g.activation_scale;
+        out.kept = blk_act - scores;
+        out.rebuilt = scores;
+    } else {
+        out.kept = blk_act;
+    }
+    return out;
+}
+
 StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostParams& params,
                          const Workload& work, std::int64_t tp, std::int64_t num_layers,
                          std::int64_t index, std::int64_t num_stages) {
@@ -287,22 +310,9 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
 
     // Activations.
     e.in_flight = in_flight(work.schedule, index, num_stages, work.num_microbatches);
-    const double blk_act = block_activation_bytes(model, params, s, b, tp, work.sequence_parallel) *
-                           g.activation_scale;
-    if (work.recompute == Recompute::Full) {
-        double input = d(s) * d(b) * d(model.hidden_size) * params.bytes_per_activation;
-        if (work.sequence_parallel) input /= td;
-        e.activation_bytes = d(e.in_flight) * L * input;
-        e.transient_bytes = num_layers > 0 ? blk_act : 0.0;
-    } else if (work.recompute == Recompute::Selective) {
-        // The attention core's score-sized tensors are rebuilt in the backward, one block
-        // at a time (Korthikanti et al. 2022, sec. 5).
-        const double scores = attention_score_bytes(model, params, s, b, tp) * g.activation_scale;
-        e.activation_bytes = d(e.in_flight) * L * (blk_act - scores);
-        e.transient_bytes = num_layers > 0 ? scores : 0.0;
-    } else {
-        e.activation_bytes = d(e.in_flight) * L * blk_act;
-    }
+    const BlockStash st = block_stash(model, g, params, work, tp);
+    e.activation_bytes = d(e.in_flight) * L * st.kept;
+    e.transient_bytes = num_layers > 0 ? st.rebuilt : 0.0;
     if (last) e.transient_bytes += d(s) * d(b) * d(model.vocab_size) * params.bytes_per_logit / td;
     const double blk_w = block_params(model) / td;  // one block's parameters per GPU
     if (sharding >= Sharding::Full && num_layers > 0) {
@@ -473,49 +483,63 @@ namespace {
 // the activations its operation order leaves (interleaved_peak); only one chunk works at a
 // time (transient memory: the largest). Every chunk entry reports its device's memory. The
 // device's DP traffic and optimizer step cover all its chunks.
-void interleave_devices(EstimateResult& r, const std::vector<StageSpec>& stages, std::int64_t D,
-                        std::int64_t M) {
+void interleave_devices(EstimateResult& r, const ModelDims& model, const std::vector<GpuSpec>& gpus,
+                        const CostParams& params, const Workload& work,
+                        const std::vector<StageSpec>& stages, std::int64_t D) {
     const std::int64_t P = static_cast<std::int64_t>(r.stages.size());
     for (std::int64_t dev = 0; dev < D; ++dev) {
-        std::vector<double> per_mb;
-        double w = 0, g = 0, o = 0, tr = 0, ar = 0, opt = 0, sum_mb = 0;
+        std::vector<std::int64_t> blocks;
+        std::vector<StageEstimate> chunks;
         for (std::int64_t i = dev; i < P; i += D) {
-            const StageEstimate& e = r.stages[static_cast<std::size_t>(i)];
-            w += e.weights_bytes;
-            g += e.grads_bytes;
-            o += e.optimizer_bytes;
-            tr = std::max(tr, e.transient_bytes);
-            ar += e.dp_allreduce_s;
-            opt += e.optimizer_step_s;
-            per_mb.push_back(e.in_flight > 0 ? e.activation_bytes / d(e.in_flight) : 0.0);
-            sum_mb += per_mb.back();
+            blocks.push_back(r.stages[static_cast<std::size_t>(i)].num_layers);
+            chunks.push_back(r.stages[static_cast<std::size_t>(i)]);
         }
-        const double act = interleaved_peak(per_mb, D, dev, M);
-        const double total = w + g + o + act + tr;
+        const StageSpec& st = stages[static_cast<std::size_t>(dev)];
+        const DeviceMemory mem = device_memory(
+            chunks, block_stash(model, gpus[static_cast<std::size_t>(st.gpu)], params, work, st.tp),
+            interleaved_peak_blocks(blocks, D, dev, work.num_microbatches));
         const StageEstimate& head = r.stages[static_cast<std::size_t>(dev)];
-        if (total > head.capacity_bytes) {
-            r.issues.push_back({IssueKind::OutOfMemory, dev, stages[static_cast<std::size_t>(dev)].gpu,
-                                total, head.capacity_bytes, ""});
+        if (mem.total > head.capacity_bytes) {
+            r.issues.push_back({IssueKind::OutOfMemory, dev, st.gpu, mem.total, head.capacity_bytes, ""});
         }
+        std::int64_t all_blocks = 0;
+        for (const std::int64_t n : blocks) all_blocks += n;
         for (std::int64_t i = dev; i < P; i += D) {
             StageEstimate& e = r.stages[static_cast<std::size_t>(i)];
-            e.weights_bytes = w;
-            e.grads_bytes = g;
-            e.optimizer_bytes = o;
-            e.activation_bytes = act;
-            e.transient_bytes = tr;
-            e.memory_bytes = total;
-            // Whole micro-batches' worth of the device's activations at its peak, rounded up.
-            e.in_flight = sum_mb > 0 ? static_cast<std::int64_t>(std::ceil(act / sum_mb - 1e-9)) : 0;
-            e.dp_allreduce_s = ar;
-            e.optimizer_step_s = opt;
+            e.weights_bytes = mem.weights;
+            e.grads_bytes = mem.grads;
+            e.optimizer_bytes = mem.optimizer;
+            e.activation_bytes = mem.activations;
+            e.transient_bytes = mem.transient;
+            e.memory_bytes = mem.total;
+            // Whole micro-batches' worth of the group's blocks at its peak, rounded up.
+            e.in_flight = all_blocks > 0 ? (mem.peak_blocks + all_blocks - 1) / all_blocks : 0;
+            e.dp_allreduce_s = mem.dp_allreduce_s;
+            e.optimizer_step_s = mem.optimizer_step_s;
         }
-        r.dp_allreduce_s = std::max(r.dp_allreduce_s, ar);
-        r.optimizer_step_s = std::max(r.optimizer_step_s, opt);
+        r.dp_allreduce_s = std::max(r.dp_allreduce_s, mem.dp_allreduce_s);
+        r.optimizer_step_s = std::max(r.optimizer_step_s, mem.optimizer_step_s);
     }
 }
 
 }  // namespace
+
+DeviceMemory device_memory(const std::vector<StageEstimate>& chunks, const BlockStash& stash,
+                           std::int64_t peak_blocks) {
+    DeviceMemory m;
+    for (const StageEstimate& e : chunks) {
+        m.weights += e.weights_bytes;
+        m.grads += e.grads_bytes;
+        m.optimizer += e.optimizer_bytes;
+        m.transient = std::max(m.transient, e.transient_bytes);
+        m.dp_allreduce_s += e.dp_allreduce_s;
+        m.optimizer_step_s += e.optimizer_step_s;
+    }
+    m.peak_blocks = peak_blocks;
+    m.activations = d(peak_blocks) * stash.kept;
+    m.total = m.weights + m.grads + m.optimizer + m.activations + m.transient;
+    return m;
+}
 
 bool tp_divides(const ModelDims& model, std::int64_t tp) {
     return model.num_heads % tp == 0 &&
@@ -672,7 +696,7 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
             r.optimizer_step_s = std::max(r.optimizer_step_s, e.optimizer_step_s);
         }
     }
-    if (v > 1) interleave_devices(r, stages, D, M);
+    if (v > 1) interleave_devices(r, model, gpus, params, work, stages, D);
 
     r.instances.assign(gpus.size(), 0);
     for (std::size_t g = 0; g < gpus.size(); ++g) {

@@ -272,6 +272,27 @@ std::vector<char> boundaries_in_instance(const std::vector<GpuSpec>& gpus,
                                          const std::vector<std::int64_t>& tp, std::int64_t dp);
 // Whether a TP width splits the heads, the KV heads (or replicates them) and the MLP.
 bool tp_divides(const ModelDims& m, std::int64_t tp);
+// What one block stores per micro-batch on one GPU of a TP group under the workload's
+// recomputation (`kept`, until its backward) and rebuilds one block at a time (`rebuilt`,
+// transient): everything; each block's input and the whole block; or all but the attention
+// scores, and those.
+struct BlockStash {
+    double kept = 0, rebuilt = 0;
+};
+BlockStash block_stash(const ModelDims& model, const GpuSpec& g, const CostParams& params,
+                       const Workload& work, std::int64_t tp);
+
+// Memory of one GPU group under interleaved 1F1B from its stages' estimates (in chunk order):
+// their model states, the largest transient set, and `peak_blocks` blocks' stashes (the most
+// blocks' worth of one micro-batch its operation order holds: interleaved_peak_blocks).
+struct DeviceMemory {
+    double weights = 0, grads = 0, optimizer = 0, activations = 0, transient = 0, total = 0;
+    double dp_allreduce_s = 0, optimizer_step_s = 0;
+    std::int64_t peak_blocks = 0;
+};
+DeviceMemory device_memory(const std::vector<StageEstimate>& chunks, const BlockStash& stash,
+                           std::int64_t peak_blocks);
+
 // Time and memory of stage `index` of `num_stages` holding `num_layers` blocks on `tp` GPUs
 // of type `g` (everything but the transfer to the next stage). Inputs must be validated.
 StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostParams& params,

@@ -262,29 +262,55 @@ InterleavedOp interleaved_op(std::int64_t P, std::int64_t v, std::int64_t M, std
     return {bi >= 0, chunk, (x / (P * v)) * P + x % P};
 }
 
-double interleaved_peak(const std::vector<double>& per_chunk, std::int64_t num_devices,
-                        std::int64_t device, std::int64_t num_microbatches) {
-    const std::int64_t P = num_devices, M = num_microbatches;
+namespace {
+
+// The most `held` reaches over device `device`'s operation order: each forward of chunk c
+// adds per_chunk[c], each backward takes it off again.
+template <typename T>
+T peak_walk(const std::vector<T>& per_chunk, std::int64_t P, std::int64_t device, std::int64_t M) {
     const std::int64_t v = static_cast<std::int64_t>(per_chunk.size());
     if (P < 1 || P > kMaxStages || v < 1 || device < 0 || device >= P || M < 1 ||
         M > kMaxMicrobatches || P * v * M > kMaxStageMicrobatchProduct) {
         throw std::invalid_argument("interleaved_peak: devices, chunks or micro-batches out of range");
     }
+    T held = 0, peak = 0;
+    for (std::int64_t k = 0; k < 2 * M * v; ++k) {
+        const InterleavedOp op = interleaved_op(P, v, M, device, k);
+        const T a = per_chunk[static_cast<std::size_t>(op.chunk)];
+        held = op.backward ? held - a : held + a;
+        peak = std::max(peak, held);
+    }
+    return peak;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> chunk_blocks(std::int64_t n, std::int64_t v) {
+    const std::int64_t k = std::max<std::int64_t>(v, 1);
+    std::vector<std::int64_t> out(static_cast<std::size_t>(k));
+    for (std::int64_t c = 0; c < k; ++c) out[static_cast<std::size_t>(c)] = n / k + (c < n % k ? 1 : 0);
+    return out;
+}
+
+double interleaved_peak(const std::vector<double>& per_chunk, std::int64_t num_devices,
+                        std::int64_t device, std::int64_t num_microbatches) {
     for (const double a : per_chunk) {
         if (!std::isfinite(a) || a < 0 || a > kMaxTime) {
             throw std::invalid_argument("interleaved_peak: chunk sizes must be in [0, 1e100]");
         }
     }
-    // Held activations rise with each forward and fall with each backward; the peak is just
-    // before a backward (or at the end of the warm-up).
-    double held = 0, peak = 0;
-    for (std::int64_t k = 0; k < 2 * M * v; ++k) {
-        const InterleavedOp op = interleaved_op(P, v, M, device, k);
-        const double a = per_chunk[static_cast<std::size_t>(op.chunk)];
-        held += op.backward ? -a : a;
-        peak = std::max(peak, held);
+    return peak_walk(per_chunk, num_devices, device, num_microbatches);
+}
+
+std::int64_t interleaved_peak_blocks(const std::vector<std::int64_t>& blocks,
+                                     std::int64_t num_devices, std::int64_t device,
+                                     std::int64_t num_microbatches) {
+    for (const std::int64_t n : blocks) {
+        if (n < 0 || n > (std::int64_t{1} << 20)) {
+            throw std::invalid_argument("interleaved_peak_blocks: chunk blocks must be in [0, 2^20]");
+        }
     }
-    return peak;
+    return peak_walk(blocks, num_devices, device, num_microbatches);
 }
 
 double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,

@@ -67,6 +67,15 @@ InterleavedOp interleaved_op(std::int64_t num_devices, std::int64_t v,
 // what one micro-batch leaves in each of its chunks (per_chunk[c]), walking its operations.
 double interleaved_peak(const std::vector<double>& per_chunk, std::int64_t num_devices,
                         std::int64_t device, std::int64_t num_microbatches);
+// Blocks of the v chunks of a GPU group holding n blocks under interleaving: as equal as
+// possible, the larger first (espresso.interleave.split_layers does the same).
+std::vector<std::int64_t> chunk_blocks(std::int64_t n, std::int64_t v);
+
+// The same in blocks: the most blocks' worth of one micro-batch's activations the device
+// holds, its chunks holding blocks[c] blocks each (exact, in integers).
+std::int64_t interleaved_peak_blocks(const std::vector<std::int64_t>& blocks,
+                                     std::int64_t num_devices, std::int64_t device,
+                                     std::int64_t num_microbatches);
 
 // The closed form sum(f+b) + (M-1) * max(f+b): equal to the simulation for uniform
 // stages and free transfers, and a lower bound of GPipe's makespan.

@@ -52,13 +52,17 @@ public:
             }
         }
         k_ = static_cast<std::int64_t>(distinct_.size());
-        span_ = L_ - P_ + 1;
+        // Interleaved 1F1B: each group runs V_ stages of near-equal blocks, so it holds at
+        // least V_ blocks (docs/search.md, "Interleaving").
+        V_ = std::max<std::int64_t>(1, work.virtual_stages);
+        minl_ = V_;
+        span_ = L_ - (P_ - 1) * minl_;
     }
 
     Placement run() {
         Placement out;
-        if (P_ < 1 || P_ > L_) {
-            out.lower_bound_s = kInf;
+        if (P_ < 1 || P_ * minl_ > L_ || (V_ > 1 && (P_ < 2 || M_ % P_ != 0))) {
+            out.lower_bound_s = kInf;  // no plan: too few blocks, or not interleavable
             return out;
         }
         if (static_cast<double>(k_) * static_cast<double>(P_) * static_cast<double>(span_ + 1) >
@@ -78,13 +82,7 @@ public:
             out.found = true;
             out.iteration_s = best_iter_;
             out.stages.clear();
-            std::int64_t begin = 0;
-            for (std::int64_t i = 0; i < P_; ++i) {
-                const StageGroup& g = distinct_[static_cast<std::size_t>(best_group_[static_cast<std::size_t>(i)])];
-                const std::int64_t n = best_layers_[static_cast<std::size_t>(i)];
-                out.stages.push_back({g.gpu, g.tp, begin, begin + n});
-                begin += n;
-            }
+            out.stages = expand(best_group_, best_layers_);
         }
         return out;
     }
@@ -146,10 +144,67 @@ private:
         return static_cast<std::size_t>((j * P_ + pos) * (span_ + 1) + n);
     }
 
+    // The stages of a placement (group and blocks of each GPU group, in pipeline order): one
+    // per group, or under interleaving V_ per group in model order, stage c * P + i holding
+    // chunk c of group i (chunk_blocks()).
+    std::vector<StageSpec> expand(const std::vector<std::int64_t>& group,
+                                  const std::vector<std::int64_t>& layers) const {
+        std::vector<StageSpec> out;
+        std::int64_t begin = 0;
+        for (std::int64_t c = 0; c < V_; ++c) {
+            for (std::int64_t i = 0; i < P_; ++i) {
+                const auto si = static_cast<std::size_t>(i);
+                const StageGroup& g = distinct_[static_cast<std::size_t>(group[si])];
+                const std::int64_t n = chunk_blocks(layers[si], V_)[static_cast<std::size_t>(c)];
+                out.push_back({g.gpu, g.tp, begin, begin + n});
+                begin += n;
+            }
+        }
+        return out;
+    }
+
+    // Blocks of the most blocks' worth of one micro-batch group `pos` holds under
+    // interleaving with n blocks in its chunks (memoised: it walks the group's operations).
+    std::int64_t peak_blocks(std::int64_t pos, std::int64_t n) {
+        const auto key = static_cast<std::size_t>(pos * (L_ + 1) + n);
+        if (peak_memo_[key] < 0) {
+            peak_memo_[key] = interleaved_peak_blocks(chunk_blocks(n, V_), P_, pos, M_);
+        }
+        return peak_memo_[key];
+    }
+
+    // One cell of the interleaved tables: group j at position pos with n blocks in V_ chunks,
+    // each timed and sized by stage_cost() as estimate() does, the memory by device_memory().
+    void interleaved_cell(std::int64_t j, std::int64_t pos, std::int64_t n, std::size_t c) {
+        const StageGroup& g = distinct_[static_cast<std::size_t>(j)];
+        const GpuSpec& spec = gpus_[static_cast<std::size_t>(g.gpu)];
+        const std::vector<std::int64_t> sizes = chunk_blocks(n, V_);
+        std::vector<StageEstimate> chunks;
+        double f = 0, b = 0;
+        for (std::int64_t k = 0; k < V_; ++k) {
+            chunks.push_back(stage_cost(model_, spec, params_, work_, g.tp,
+                                        sizes[static_cast<std::size_t>(k)], k * P_ + pos, P_ * V_));
+            f += chunks.back().fwd_s;
+            b += chunks.back().bwd_s;
+        }
+        const DeviceMemory mem = device_memory(chunks, block_stash(model_, spec, params_, work_, g.tp),
+                                               peak_blocks(pos, n));
+        if (mem.total > chunks.front().capacity_bytes) return;
+        f_[c] = f;
+        b_[c] = b;
+        first_[c] = chunks.front().fwd_s + chunks.front().bwd_s;
+        g_[c] = 0.0;  // the second bound is 1F1B's, not interleaving's
+        ar_[c] = mem.dp_allreduce_s;
+        opt_step_[c] = mem.optimizer_step_s;
+        ok_[c] = 1;
+    }
+
     void build_tables() {
         const std::size_t size = static_cast<std::size_t>(k_ * P_ * (span_ + 1));
         f_.assign(size, kInf);
         b_.assign(size, kInf);
+        first_.assign(size, kInf);
+        if (V_ > 1) peak_memo_.assign(static_cast<std::size_t>(P_ * (L_ + 1)), -1);
         ar_.assign(size, kInf);
         g_.assign(size, kInf);
         opt_step_.assign(size, kInf);
@@ -159,12 +214,19 @@ private:
             const GpuSpec& spec = gpus_[static_cast<std::size_t>(g.gpu)];
             for (std::int64_t pos = 0; pos < P_; ++pos) {
                 if (sw_.expired(1)) throw TimeUp{};
-                for (std::int64_t n = 1; n <= span_; ++n) {
+                for (std::int64_t n = minl_; n <= span_; ++n) {
+                    if (V_ > 1) {
+                        const std::size_t c = cell(j, pos, n);
+                        interleaved_cell(j, pos, n, c);
+                        if (!ok_[c]) break;  // memory grows with n
+                        continue;
+                    }
                     const StageEstimate e = stage_cost(model_, spec, params_, work_, g.tp, n, pos, P_);
                     if (e.memory_bytes > e.capacity_bytes) break;  // memory grows with n
                     const std::size_t c = cell(j, pos, n);
                     f_[c] = e.fwd_s;
                     b_[c] = e.bwd_s;
+                    first_[c] = e.fwd_s + e.bwd_s;
                     // Stage-local term of the second bound: (M-1) w - (nf-1) f, nf being the
                     // forwards the stage may run before its first backward.
                     const std::int64_t nf =
@@ -254,19 +316,20 @@ private:
             const std::int64_t rest_idx = idx - stride_[sj];
             if (left == 1) {
                 const std::int64_t n = L_ - l;
-                if (n >= 1 && n <= span_ && ok_[cell(j, pos, n)]) {
+                if (n >= minl_ && n <= span_ && ok_[cell(j, pos, n)]) {
                     const std::size_t c = cell(j, pos, n);
                     best = std::min(best, c2 + static_cast<double>(M_) * (f_[c] + b_[c]));
                 }
             } else {
-                for (std::int64_t n = 1; n <= span_ && l + n <= L_ - (left - 1); ++n) {
+                for (std::int64_t n = minl_; n <= span_ && l + n <= L_ - (left - 1) * minl_; ++n) {
                     const std::size_t c = cell(j, pos, n);
                     if (!ok_[c]) break;
                     const double w = f_[c] + b_[c];
                     if (c2 + static_cast<double>(M_) * w >= best) break;  // grows with n
                     const double tail = bound_rest(left - 1, l + n, j, rest_idx);
                     if (!std::isfinite(tail)) continue;
-                    best = std::min(best, c2 + std::max(static_cast<double>(M_) * w, w + tail));
+                    // Later groups wait for this one's first stage (all of it unless interleaved).
+                    best = std::min(best, c2 + std::max(static_cast<double>(M_) * w, first_[c] + tail));
                 }
             }
             ++remaining_[sj];
@@ -289,12 +352,12 @@ private:
             --remaining_[sj];
             if (left == 1) {
                 const std::int64_t n = L_ - l;
-                if (n >= 1 && n <= span_ && ok_[cell(j, pos, n)]) {
+                if (n >= minl_ && n <= span_ && ok_[cell(j, pos, n)]) {
                     const std::size_t c = cell(j, pos, n);
                     best = std::min(best, c2 + f_[c] + b_[c]);
                 }
             } else {
-                for (std::int64_t n = 1; n <= span_ && l + n <= L_ - (left - 1); ++n) {
+                for (std::int64_t n = minl_; n <= span_ && l + n <= L_ - (left - 1) * minl_; ++n) {
                     const std::size_t c = cell(j, pos, n);
                     if (!ok_[c]) break;
                     const double tail = sum_rest(left - 1, l + n, j, idx - stride_[sj]);
@@ -317,9 +380,9 @@ private:
             const auto sj = static_cast<std::size_t>(j);
             if (remaining_[sj] == 0) continue;
             --remaining_[sj];
-            const std::int64_t lo = left == 1 ? L_ - l : 1;
-            const std::int64_t hi = left == 1 ? L_ - l : std::min(span_, L_ - l - (left - 1));
-            for (std::int64_t n = std::max<std::int64_t>(lo, 1); n <= hi && n <= span_; ++n) {
+            const std::int64_t lo = left == 1 ? L_ - l : minl_;
+            const std::int64_t hi = left == 1 ? L_ - l : std::min(span_, L_ - l - (left - 1) * minl_);
+            for (std::int64_t n = std::max<std::int64_t>(lo, minl_); n <= hi && n <= span_; ++n) {
                 const std::size_t c = cell(j, pos, n);
                 if (!ok_[c]) break;
                 Neck rest{0.0, 0.0, 0.0};
@@ -360,7 +423,7 @@ private:
     // return through the stages before s: T >= x_s + ceil(M / nf_s) (S - x_s), S the sum of
     // (w + 2c) over all stages (x_s + R_s = S). Pipelines bound by slow links hit this one.
     double rt_factor(std::int64_t s) const {
-        if (work_.schedule != Schedule::OneFOneB) return 1.0;
+        if (work_.schedule != Schedule::OneFOneB || V_ > 1) return 1.0;
         const std::int64_t nf = std::min(P_ - s, M_);
         return static_cast<double>((M_ + nf - 1) / nf);
     }
@@ -407,9 +470,9 @@ private:
             const auto sj = static_cast<std::size_t>(j);
             if (remaining_[sj] == 0) continue;
             const double c2 = 2.0 * send(prev, j);
-            const std::int64_t lo = left == 1 ? L_ - l : 1;
-            const std::int64_t hi = left == 1 ? L_ - l : std::min(span_, L_ - l - (left - 1));
-            if (lo < 1 || hi > span_) continue;
+            const std::int64_t lo = left == 1 ? L_ - l : minl_;
+            const std::int64_t hi = left == 1 ? L_ - l : std::min(span_, L_ - l - (left - 1) * minl_);
+            if (lo < minl_ || hi > span_) continue;
             --remaining_[sj];
             for (std::int64_t n = lo; n <= hi; ++n) {
                 const std::size_t c = cell(j, pos, n);
@@ -417,7 +480,7 @@ private:
                 const double w = f_[c] + b_[c];
                 const double pre_i = pre + c2;
                 const double lb = std::max(lbmax, pre_i + static_cast<double>(M_) * w);
-                const double npre = pre_i + w;
+                const double npre = pre_i + first_[c];
                 const double ar = std::max(armax, ar_[c]);
                 const double op = std::max(optmax, opt_step_[c]);
                 const double g = std::max(gmax, g_[c]);
@@ -465,6 +528,18 @@ private:
 
     void leaf(double armax, double optmax) {
         ++leaves_;
+        if (V_ > 1) {
+            // Interleaved: exactly what estimate() says of the expanded stages.
+            const EstimateResult est = estimate(model_, gpus_, params_, work_,
+                                                expand(seq_group_, seq_layers_));
+            const double cut = cutoff() * (1.0 + kSlack);
+            if (est.feasible && est.iteration_s <= cut && est.iteration_s < best_iter_) {
+                best_iter_ = est.iteration_s;
+                best_group_ = seq_group_;
+                best_layers_ = seq_layers_;
+            }
+            return;
+        }
         std::vector<double> f(static_cast<std::size_t>(P_)), b(static_cast<std::size_t>(P_));
         std::vector<double> c(static_cast<std::size_t>(P_ - 1));
         // Which neighbours share an instance: the layout of the whole sequence decides, and
@@ -517,7 +592,9 @@ private:
     const CostParams& params_;
     const Workload& work_;
     const PlaceOptions& opt_;
-    std::int64_t P_ = 0, L_ = 0, M_ = 0, k_ = 0, span_ = 0;
+    std::int64_t P_ = 0, L_ = 0, M_ = 0, k_ = 0, span_ = 0, V_ = 1, minl_ = 1;
+    std::vector<double> first_;            // f + b of a group's first stage (all of it unless interleaved)
+    std::vector<std::int64_t> peak_memo_;  // peak_blocks() by (position, blocks)
     std::vector<StageGroup> distinct_;
     std::vector<std::int64_t> count_, remaining_, stride_, rank_;
     std::vector<double> f_, b_, g_, ar_, opt_step_, send_, inter_, intra_, min_in_, memo_, memo_sum_;

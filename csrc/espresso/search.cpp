@@ -119,12 +119,17 @@ using PlanKey = std::tuple<double, std::int64_t, double, std::int64_t, std::int6
 PlanKey key_of(const SearchPlan& p) {
     std::int64_t gpus = 0;
     std::vector<std::int64_t> st;
-    for (const StageSpec& s : p.stages) {
-        gpus += s.tp * p.work.dp;
+    const std::size_t groups = p.stages.size() / static_cast<std::size_t>(std::max<std::int64_t>(1, p.work.virtual_stages));
+    for (std::size_t i = 0; i < p.stages.size(); ++i) {
+        const StageSpec& s = p.stages[i];
+        if (i < groups) gpus += s.tp * p.work.dp;
         st.insert(st.end(), {s.gpu, s.tp, s.layer_begin, s.layer_end});
     }
+    // (The stages list every stage, so an interleaved plan differs from a plain one.)
     return {p.objective, gpus, p.estimate.iteration_s, p.work.dp, p.work.micro_batch_size,
-            static_cast<int>(p.work.recompute) * 4 + static_cast<int>(p.work.sharding), st};
+            static_cast<int>(p.work.recompute) * 4 + static_cast<int>(p.work.sharding) +
+                16 * static_cast<int>(p.work.virtual_stages),
+            st};
 }
 
 class Search {
@@ -274,9 +279,14 @@ private:
                         }
                     }
                     for (const Sharding sh : levels) {
+                      for (const std::int64_t v : opt_.virtual_stages) {
                         if (sw.expired(1)) return;
+                        // Interleaving: 1F1B, and at least two groups with M a multiple of
+                        // their number.
+                        if (v > 1 && (opt_.schedule != Schedule::OneFOneB || B / b / dp < 2)) continue;
                         Combo c;
                         c.work = job_;
+                        c.work.virtual_stages = v;
                         c.work.micro_batch_size = b;
                         c.work.dp = dp;
                         c.work.num_microbatches = B / b / dp;
@@ -356,6 +366,8 @@ private:
                         if (c.work.schedule == Schedule::OneFOneB && c.work.num_microbatches > 1) {
                             c.max_stages = std::min(c.max_stages, c.work.num_microbatches);
                         }
+                        // Each GPU group of an interleaved plan holds at least v blocks.
+                        c.max_stages = std::min(c.max_stages, model_.num_layers / v);
                         c.kin = c.work.schedule == Schedule::GPipe
                                     ? 1
                                     : std::max<std::int64_t>(1, std::min(std::min(opt_.max_stages, model_.num_layers),
@@ -385,6 +397,7 @@ private:
                         }
                         prepare_options(c);
                         combos_.push_back(std::move(c));
+                      }
                     }
                 }
             }
@@ -589,7 +602,8 @@ private:
     }
 
     double effective_rate(const Node& n, const Combo& c) const {
-        if (n.stages <= 1) return n.rate;
+        // Interleaving fills its pipeline in 1/v of the time: only the average rate holds.
+        if (n.stages <= 1 || c.work.virtual_stages > 1) return n.rate;
         const double M = d(c.work.num_microbatches), P = d(n.stages);
         double rate = n.rate - (P - 1) * n.min_stage_rate / M;
         if (c.work.schedule == Schedule::OneFOneB) {
@@ -689,6 +703,11 @@ private:
     double own_bound(const Node& n, const Combo& c, double tau = -1.0,
                      double thr = kInf) const {
         if (n.stages < 1 || n.stages > model_.num_layers) return kInf;
+        if (c.work.virtual_stages > 1 &&
+            (n.stages < 2 || c.work.num_microbatches % n.stages != 0 ||
+             n.stages * c.work.virtual_stages > model_.num_layers)) {
+            return kInf;  // not an interleaved plan (its children may be)
+        }
         const double rate = effective_rate(n, c);
         if (rate < c.rate_min) return kInf;
         // positioned_tau() is checked only for nodes worth placing (process()): most are cut
@@ -719,7 +738,7 @@ private:
         if (tau < 0) tau = bottleneck_bound(n, c);
         if (!std::isfinite(tau)) return kInf;
         double t_iter = std::max(by_rate, M * tau);
-        if (c.work.schedule == Schedule::OneFOneB && n.stages > 1) {
+        if (c.work.schedule == Schedule::OneFOneB && c.work.virtual_stages == 1 && n.stages > 1) {
             double t_min = kInf, head_min = kInf;  // the fastest block and LM head
             for (const Choice& ch : n.choices) {
                 const auto st = static_cast<std::size_t>(ch.type);
@@ -952,7 +971,7 @@ private:
         if (!feasible(kInf, false)) return kInf;  // the stages' memory cannot hold the blocks
         // The terms that do not depend on the bottleneck tau: round trips and synchronisation.
         double rt = 0;
-        if (c.work.schedule == Schedule::OneFOneB) {
+        if (c.work.schedule == Schedule::OneFOneB && c.work.virtual_stages == 1) {
             // Round trips, for each number of stages a completion can have: the node's stages
             // as node_sends() says, an added stage at best on the fastest later link
             // (in-instance links included: added stages of one type may share instances).
@@ -981,7 +1000,7 @@ private:
         const double hbm = n.sum_hbm + std::min(hbm_all, d(room) * hbm_slot);
         const double sync = sync_bound(c, bw, hbm);
         double a = 0;  // the 1F1B second bound's slope in tau
-        if (c.work.schedule == Schedule::OneFOneB) {
+        if (c.work.schedule == Schedule::OneFOneB && c.work.virtual_stages == 1) {
             const double q = ext_tp || n.tensor_parallel ? 1.0 + std::min(1.0, 2.0 * bwd_fwd_ratio_)
                                                          : 1.0 + 2.0 * bwd_fwd_ratio_;
             a = std::max(0.0, M - 1 - d(n.stages + room - 1) / q);
@@ -1263,7 +1282,10 @@ private:
             } else {
                 // The bottleneck with every stage's memory at its position: dearer than the
                 // other bounds, so only for allocations that would go to the placer.
-                const double tau = positioned_tau(node, c);
+                // (Memory by position is 1F1B's; an interleaved group holds at least one
+                // micro-batch of all its blocks, as the lenient caps assume.)
+                const double tau = c.work.virtual_stages > 1 ? bottleneck_bound(node, c)
+                                                             : positioned_tau(node, c);
                 const double own2 = std::isfinite(tau) ? own_bound(node, c, tau) : kInf;
                 if (!std::isfinite(tau)) {
                     ++local.s.pruned_memory;
@@ -1525,6 +1547,12 @@ void check_options(const SearchOptions& o) {
         if (r != Recompute::None && r != Recompute::Full && r != Recompute::Selective) {
             throw std::invalid_argument("recompute options must be none, full or selective");
         }
+    }
+    if (o.virtual_stages.empty()) {
+        throw std::invalid_argument("virtual_stages options must not be empty");
+    }
+    for (const std::int64_t v : o.virtual_stages) {
+        if (v < 1 || v > 64) throw std::invalid_argument("virtual_stages options must be in [1, 64]");
     }
     if (o.sharding.empty()) throw std::invalid_argument("sharding options must not be empty");
     for (const Sharding sh : o.sharding) {

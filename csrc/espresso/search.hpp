@@ -41,6 +41,8 @@ struct SearchOptions {
     std::vector<std::int64_t> micro_batch_sizes{1, 2, 4, 8};
     std::vector<Recompute> recompute{Recompute::None, Recompute::Full};
     std::vector<Sharding> sharding{Sharding::None};  // levels to try (dp 1: None only)
+    // Stages per GPU group to try: 1 (plain pipelines) and, for interleaved 1F1B, v >= 2.
+    std::vector<std::int64_t> virtual_stages{1};
     Schedule schedule = Schedule::OneFOneB;
     std::int64_t max_stages = 8;        // pipeline depth at most
     std::int64_t max_tp = 8;            // tensor-parallel width at most (powers of two)

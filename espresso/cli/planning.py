@@ -116,16 +116,17 @@ def _word_list(name: str, allowed: tuple[str, ...]) -> Any:
     return parse
 
 
-def _int_list(name: str, lo: int, hi: int) -> Any:
+def _int_list(name: str, lo: int, hi: int, *, allow_none: bool = True) -> Any:
     def parse(text: str) -> tuple[int, ...]:
-        if text.strip() == "none":
+        if allow_none and text.strip() == "none":
             return ()
         try:
             out = tuple(int(w) for w in text.split(",") if w.strip())
         except ValueError:
             out = ()
         if not out or any(not lo <= x <= hi for x in out):
-            msg = (f"--{name}: expected 'none' or a comma-separated list of integers in "
+            none = "'none' or " if allow_none else ""
+            msg = (f"--{name}: expected {none}a comma-separated list of integers in "
                    f"[{lo}, {hi}], got {text!r}")
             raise argparse.ArgumentTypeError(msg)
         return out
@@ -143,7 +144,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                  max_tp=args.max_tp, profiles=c.load_profiles(args.profile),
                                  cost_model=c.load_cost_model(args.cost_model),
                                  scope=args.scope, sharding=args.sharding,
-                                 recompute=args.recompute, virtual_stages=args.virtual_stages)
+                                 recompute=args.recompute, virtual_stages=args.virtual_stages,
+                                 interleave_after=args.interleave_after,
+                                 sequence_parallel=None if args.sequence_parallel else False)
     kwargs = {**space, "objective": objective, "budget_usd": args.budget}
     progress = SearchProgress()
     share = MAIN_SHARE if args.compare else 1.0
@@ -248,10 +251,18 @@ def register(sub: Any) -> None:
                    metavar="LIST",
                    help=f"recomputation modes to search, from {', '.join(RECOMPUTE)} "
                         "(default none,full)")
-    p.add_argument("--virtual-stages", type=_int_list("virtual-stages", 2, 64),
+    p.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_false",
+                   help="plan TP stages without sequence parallelism (by default they use it "
+                        "whenever the TP widths divide the sequence length)")
+    p.add_argument("--virtual-stages", type=_int_list("virtual-stages", 1, 64, allow_none=False),
+                   default="1", metavar="LIST",
+                   help="stages per GPU group to search, exactly: 1 plain pipelines, 2 and "
+                        "more interleaved 1F1B (e.g. 1,2,4; default 1: interleaving is slower "
+                        "to prove and then only tried by --interleave-after)")
+    p.add_argument("--interleave-after", type=_int_list("interleave-after", 2, 64),
                    default=",".join(map(str, DEFAULT_VIRTUAL_STAGES)), metavar="LIST",
-                   help="chunks per GPU group with which the plan found is then interleaved "
-                        "(interleaved 1F1B), keeping the best that beats it; 'none' turns it "
+                   help="chunks per GPU group with which the plan found is then interleaved, "
+                        "keeping the best that beats it (outside the proof); 'none' turns it "
                         f"off (default {','.join(map(str, DEFAULT_VIRTUAL_STAGES))})")
     p.add_argument("--no-compare", dest="compare", action="store_false",
                    help="skip the comparison with single-type plans")
