@@ -548,12 +548,23 @@ def explain_infeasible(job: Job, catalog: Catalog, result: SearchResult,
         what = ("the fastest plan needs" if fast.stats.complete else
                 f"the fastest plan found so far (not proven: {_gap_words(fast.stats)}, the "
                 "time limit stopped its search) needs")
-        return InfeasibleError(
-            f"no plan meets the deadline of {_hours(job.deadline_hours)}; {what} "
-            f"{_hours(f.estimate.total_hours)} on {_rent(f)} "
-            f"({f.num_stages} stage{'s' if f.num_stages > 1 else ''}, dp {f.dp}) and costs "
-            f"${f.estimate.total_usd:,.2f}",
-            fastest=f, stats=stats)
+        shape = f"{f.pp} stage{'s' if f.pp > 1 else ''}"
+        if f.virtual_stages > 1:
+            shape = f"{f.pp} GPU groups of {f.virtual_stages} interleaved stages each"
+            if "interleaving" in (f.stats or {}):
+                what = what.replace("the fastest plan", "the fastest plan, interleaved after "
+                                                        "the search,", 1)
+        text = (f"no plan meets the deadline of {_hours(job.deadline_hours)}; {what} "
+                f"{_hours(f.estimate.total_hours)} on {_rent(f)} ({shape}, dp {f.dp}) and "
+                f"costs ${f.estimate.total_usd:,.2f}")
+        if f.virtual_stages > 1 and f.estimate.meets_deadline:
+            text = (f"no plan without interleaving meets the deadline of "
+                    f"{_hours(job.deadline_hours)}; interleaved ({f.virtual_stages} stages per "
+                    f"GPU group), the fastest plan needs {_hours(f.estimate.total_hours)} on "
+                    f"{_rent(f)} (dp {f.dp}, ${f.estimate.total_usd:,.2f}) and meets it: "
+                    f"search with virtual_stages=(1, {f.virtual_stages}) (--virtual-stages "
+                    f"1,{f.virtual_stages}) for the cheapest such plan")
+        return InfeasibleError(text, fastest=f, stats=stats)
     if not fast.stats.complete:
         return InfeasibleError(
             f"no plan meets the deadline of {_hours(job.deadline_hours)}; the search for the "

@@ -279,3 +279,30 @@ def test_place_interleaved_matches_every_split_of_the_groups() -> None:
     assert p.estimate is not None and p.estimate.iteration_s == pytest.approx(best, rel=1e-12)
     with pytest.raises(es.SpecError, match="virtual_stages 2 needs"):
         es.place(job, [("A100-80GB", 1)], virtual_stages=2, catalog=CAT)
+
+
+def test_a_deadline_only_interleaving_meets_is_pointed_out() -> None:
+    """When no plain pipeline meets the deadline but the fastest one interleaved afterwards
+    does, the error says so and how to search for the cheapest such plan."""
+    from test_search import SMALL
+
+    for seed in range(400, 460):
+        job, catalog = interleavable_instance(seed, 3)
+        kw = {**SMALL, "interleave_after": (2, 3)}
+        plain = es.search(job, catalog, objective="time", max_stages=3,
+                          **{**kw, "interleave_after": ()})  # type: ignore[arg-type]
+        fast = es.search(job, catalog, objective="time", max_stages=3, **kw)  # type: ignore[arg-type]
+        if not plain.plans or fast.plans[0].virtual_stages == 1:
+            continue
+        hours = [p.estimate.total_hours for p in (plain.plans[0], fast.plans[0])]  # type: ignore[union-attr]
+        tight = replace(job, deadline_hours=(hours[0] + hours[1]) / 2)
+        with pytest.raises(es.InfeasibleError) as info:
+            es.plan(tight, catalog, max_stages=3, **kw)  # type: ignore[arg-type]
+        v = fast.plans[0].virtual_stages
+        assert "no plan without interleaving meets the deadline" in str(info.value)
+        assert f"--virtual-stages 1,{v}" in str(info.value)
+        # ... and that search finds a plan that meets it.
+        found = es.plan(tight, catalog, max_stages=3, **{**kw, "virtual_stages": (1, v)})  # type: ignore[arg-type]
+        assert found.estimate is not None and found.estimate.meets_deadline
+        return
+    pytest.fail("no instance where only interleaving meets the deadline")
