@@ -311,10 +311,12 @@ def test_mismatched_plans_are_refused() -> None:
     assert not torch.distributed.is_initialized()  # refused before any process group
 
 
-@pytest.mark.parametrize("plan_file", ["tiny-gpt-2x2.json", "tiny-gpt-tp.json"])
+@pytest.mark.parametrize("plan_file", ["tiny-gpt-2x2.json", "tiny-gpt-tp.json",
+                                       "tiny-gpt-interleaved.json"])
 def test_launch_local_matches_a_single_process(plan_file: str) -> None:
     """`espresso launch --local` rehearses the example training script on CPU with gloo; its
-    losses equal the same script's single-process reference run (pp 2 x dp 2; tp 2 -> tp 1)."""
+    losses equal the same script's single-process reference run (pp 2 x dp 2; tp 2 -> tp 1
+    with sequence parallelism; two GPU groups interleaving two stages each)."""
     import re
     import subprocess
     import sys
