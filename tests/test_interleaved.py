@@ -306,3 +306,16 @@ def test_a_deadline_only_interleaving_meets_is_pointed_out() -> None:
         assert found.estimate is not None and found.estimate.meets_deadline
         return
     pytest.fail("no instance where only interleaving meets the deadline")
+
+
+def test_hosts_hold_each_gpu_group_once() -> None:
+    """An interleaved plan needs its GPU groups' GPUs, not one set per stage: two A100 hosts
+    of 4 hold pp 2 x tp 2 x dp 2 with three stages per group, and the ranks cover the world."""
+    from espresso.launch import Host, LaunchError, assign_hosts
+
+    p = plan(2, 3, m=16, tp=2)  # dp 2, 8 GPUs in all
+    nodes = assign_hosts(p, [Host(address="a", gpu="A100-80GB", gpus=4),
+                             Host(address="b", gpu="A100-80GB", gpus=4)])
+    assert sum(n.nproc for n in nodes) == p.num_gpus == 8
+    with pytest.raises(LaunchError, match="missing 4 more A100-80GB"):
+        assign_hosts(p, [Host(address="a", gpu="A100-80GB", gpus=4)])
