@@ -1,7 +1,8 @@
 """Interleaving a plan's pipeline (interleaved 1F1B, Narayanan et al. 2021, sec. 2.2).
 
-The search proves a plan optimal among plans whose GPU groups each run one contiguous stage.
-:func:`interleave` then splits each group's blocks into ``v`` chunks (stage ``s`` on group
+By default the search proves a plan optimal among plans whose GPU groups each run one
+contiguous stage (``search(virtual_stages=(1, 2, ...))`` proves interleaved plans too, more
+slowly). :func:`interleave` then splits each group's blocks into ``v`` chunks (stage ``s`` on group
 ``s mod P``, as ``Plan.virtual_stages`` says) and keeps the ``v`` whose estimate is best, when
 it beats the plan: the same GPUs, a bubble ``v`` times smaller, more transfers and more
 activation memory (docs/cost-model.md, "Interleaved 1F1B"). It is a refinement of the proven
