@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -121,6 +123,24 @@ def test_interleaved_matches_its_closed_form(p: int, v: int, m: int) -> None:
                                      [0.0] * (s - 1), p, m)
     assert got == pytest.approx(m * 3.0 + (p - 1) * 3.0 / v, rel=1e-12)
     assert got < sim([1.0] * p, [2.0] * p, m, ONE_F_ONE_B)  # below plain 1F1B's
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 4), st.integers(2, 3), st.integers(1, 3), st.data())
+def test_interleaved_abort_only_stops_what_would_exceed(p: int, v: int, groups: int,
+                                                       data: st.DataObject) -> None:
+    """With abort_above, the simulation returns the makespan when it is within the limit and
+    +infinity only when it is beyond (the placer stops hopeless leaves this way)."""
+    s, m = p * v, p * groups
+    f = data.draw(st.lists(TIME, min_size=s, max_size=s))
+    b = data.draw(st.lists(TIME, min_size=s, max_size=s))
+    c = data.draw(st.lists(st.floats(0, 1), min_size=s - 1, max_size=s - 1))
+    full = _core.interleaved_makespan(f, b, c, c, p, m)
+    # (The check sums remaining work in another order than the simulation: callers leave a
+    # relative slack, as the placer does, so a limit of exactly the makespan may stop it.)
+    for limit in (full * 0.5, full * (1 - 1e-6), full * (1 + 1e-9), full * 1.5):
+        got = _core.interleaved_makespan(f, b, c, c, p, m, limit)
+        assert got == (full if full <= limit else math.inf)
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,5 +1,6 @@
 // Bindings of the cost model: plain structs in, plain structs out. The GIL is
 // released while the estimate runs.
+#include <limits>
 #include "pybind11.hpp"
 
 #include "espresso/cost_model.hpp"
@@ -213,7 +214,9 @@ void register_cost_model(py::module_& m) {
           py::arg("schedule"), py::call_guard<py::gil_scoped_release>());
     m.def("interleaved_makespan", &interleaved_makespan, py::arg("fwd_s"), py::arg("bwd_s"),
           py::arg("send_fwd_s"), py::arg("send_bwd_s"), py::arg("num_devices"),
-          py::arg("num_microbatches"), py::call_guard<py::gil_scoped_release>());
+          py::arg("num_microbatches"),
+          py::arg("abort_above") = std::numeric_limits<double>::infinity(),
+          py::call_guard<py::gil_scoped_release>());
     m.def("interleaved_peak", &interleaved_peak, py::arg("per_chunk"), py::arg("num_devices"),
           py::arg("device"), py::arg("num_microbatches"), py::call_guard<py::gil_scoped_release>());
     m.def("closed_form_s", &closed_form_s, py::arg("fwd_s"), py::arg("bwd_s"),

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -550,6 +551,13 @@ bool tp_divides(const ModelDims& model, std::int64_t tp) {
 EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus,
                         const CostParams& params, const Workload& work,
                         const std::vector<StageSpec>& stages) {
+    return estimate_within(model, gpus, params, work, stages,
+                           std::numeric_limits<double>::infinity());
+}
+
+EstimateResult estimate_within(const ModelDims& model, const std::vector<GpuSpec>& gpus,
+                               const CostParams& params, const Workload& work,
+                               const std::vector<StageSpec>& stages, double pipeline_limit_s) {
     validate(model);
     validate(params);
     validate(work);
@@ -717,7 +725,7 @@ EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus
         r.bubble_fraction = pipe.bubble_fraction;
         r.closed_form_s = closed_form_s(fwd, bwd, M);
     } else {
-        r.pipeline_s = interleaved_makespan(fwd, bwd, send_f, send_b, D, M);
+        r.pipeline_s = interleaved_makespan(fwd, bwd, send_f, send_b, D, M, pipeline_limit_s);
         // Busy time per device, and the uniform closed form M w + (sum w - w) / v with w
         // the busiest device's work per micro-batch.
         double busy = 0, most = 0;

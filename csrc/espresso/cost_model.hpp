@@ -307,5 +307,10 @@ void validate(const Workload& w);
 EstimateResult estimate(const ModelDims& model, const std::vector<GpuSpec>& gpus,
                         const CostParams& params, const Workload& work,
                         const std::vector<StageSpec>& stages);
+// The same, but an interleaved pipeline that cannot finish within `pipeline_limit_s` stops
+// early with pipeline_s (and the times after it) +infinity: the placer's leaves.
+EstimateResult estimate_within(const ModelDims& model, const std::vector<GpuSpec>& gpus,
+                               const CostParams& params, const Workload& work,
+                               const std::vector<StageSpec>& stages, double pipeline_limit_s);
 
 }  // namespace espresso

@@ -316,7 +316,7 @@ std::int64_t interleaved_peak_blocks(const std::vector<std::int64_t>& blocks,
 double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
                             const std::vector<double>& send_fwd_s,
                             const std::vector<double>& send_bwd_s, std::int64_t num_devices,
-                            std::int64_t num_microbatches) {
+                            std::int64_t num_microbatches, double abort_above) {
     const std::int64_t P = num_devices, M = num_microbatches;
     const std::int64_t S = static_cast<std::int64_t>(fwd_s.size());
     if (P < 1 || P > kMaxStages || S % P != 0 || S / P < 2) {
@@ -347,6 +347,13 @@ double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<
     const auto cells = static_cast<std::size_t>(S * M);
     std::vector<double> end_f(cells, -1.0), end_b(cells, -1.0);
     std::vector<double> free_at(static_cast<std::size_t>(P), 0.0);
+    // Work each device has left: once where it is plus that passes abort_above, the makespan
+    // can only be larger.
+    std::vector<double> left(static_cast<std::size_t>(P), 0.0);
+    for (std::int64_t s = 0; s < S; ++s) {
+        left[static_cast<std::size_t>(s % P)] +=
+            static_cast<double>(M) * (fwd_s[static_cast<std::size_t>(s)] + bwd_s[static_cast<std::size_t>(s)]);
+    }
     std::vector<std::int64_t> next(static_cast<std::size_t>(P), 0), work;
     std::vector<char> queued(static_cast<std::size_t>(P), 1);
     for (std::int64_t d = P; d-- > 0;) work.push_back(d);
@@ -378,7 +385,12 @@ double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<
                 ready = after + send_bwd_s[ss];
             }
             const double start = std::max(free_at[sd], ready);
-            const double end = start + (backward ? bwd_s[ss] : fwd_s[ss]);
+            const double took = backward ? bwd_s[ss] : fwd_s[ss];
+            const double end = start + took;
+            left[sd] -= took;
+            if (start + std::max(left[sd] + took, 0.0) > abort_above) {
+                return std::numeric_limits<double>::infinity();
+            }
             (backward ? end_b : end_f)[at(s, mb)] = end;
             free_at[sd] = end;
             ++next[sd];

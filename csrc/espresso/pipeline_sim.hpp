@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "espresso/cost_model.hpp"
@@ -47,11 +48,13 @@ double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<dou
 // then one forward and one backward alternately, then the remaining backwards; forward k is
 // micro-batch (k / (P v)) P + k % P of chunk (k / P) % v, backward k the same micro-batch of
 // chunk v - 1 - (k / P) % v. Needs v >= 2 and M a multiple of P (as Megatron-LM does).
-// Plans with virtual_stages > 1 are estimated with it.
+// Plans with virtual_stages > 1 are estimated with it. `abort_above`: return +infinity as
+// soon as some device cannot finish by then (the placer's leaves).
 double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
                             const std::vector<double>& send_fwd_s,
                             const std::vector<double>& send_bwd_s, std::int64_t num_devices,
-                            std::int64_t num_microbatches);
+                            std::int64_t num_microbatches,
+                            double abort_above = std::numeric_limits<double>::infinity());
 
 // Operation k (0 <= k < 2 M v) of device d in interleaved 1F1B: a forward or a backward of
 // micro-batch `mb` through the device's chunk `chunk` (virtual stage chunk * P + d).

@@ -529,10 +529,13 @@ private:
     void leaf(double armax, double optmax) {
         ++leaves_;
         if (V_ > 1) {
-            // Interleaved: exactly what estimate() says of the expanded stages.
-            const EstimateResult est = estimate(model_, gpus_, params_, work_,
-                                                expand(seq_group_, seq_layers_));
+            // Interleaved: exactly what estimate() says of the expanded stages, its simulation
+            // stopped once the pipeline cannot beat the best so far (or the cutoff).
             const double cut = cutoff() * (1.0 + kSlack);
+            const double limit = std::min(cut, best_iter_) - armax - optmax;
+            const EstimateResult est = estimate_within(model_, gpus_, params_, work_,
+                                                       expand(seq_group_, seq_layers_),
+                                                       limit + 1e-9 * std::abs(limit) + 1e-300);
             if (est.feasible && est.iteration_s <= cut && est.iteration_s < best_iter_) {
                 best_iter_ = est.iteration_s;
                 best_group_ = seq_group_;
