@@ -26,8 +26,6 @@ TPPlan = Mapping[str, Any] | Callable[[Any, Any], Any]
 ``ColwiseParallel()``/``RowwiseParallel()`` or the strings ``"colwise"``/``"rowwise"``), or a
 callable ``(block, tp_mesh) -> block``."""
 
-_MODULE_ROLES = ("block", "embedding", "head")
-
 
 def _style(name: str, style: Any, role: str, sequence_parallel: bool) -> Any:
     """A ``parallelize_module`` style from a plan entry: a ParallelStyle is used as given;

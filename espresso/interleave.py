@@ -55,11 +55,12 @@ def interleaved(plan: Plan, v: int) -> Plan | None:
     return replace(plan, stages=stages, virtual_stages=v, estimate=None)
 
 
-def _better(a: Any, b: Any, objective: str) -> bool:
-    """Estimate ``a`` beats ``b`` for the objective (cost: USD, then hours; time: hours)."""
+def rank_key(est: Any, objective: str) -> tuple[float, float]:
+    """How estimates rank for the objective: cost by USD, then hours; time by hours, then
+    USD (the search orders its plans the same way)."""
     if objective == "time":
-        return (a.total_hours, a.total_usd) < (b.total_hours, b.total_usd)
-    return (a.total_usd, a.total_hours) < (b.total_usd, b.total_hours)
+        return (est.total_hours, est.total_usd)
+    return (est.total_usd, est.total_hours)
 
 
 def interleave(plan: Plan, catalog: Catalog | None = None, *,
@@ -87,7 +88,7 @@ def interleave(plan: Plan, catalog: Catalog | None = None, *,
             continue
         if objective == "time" and budget_usd is not None and est.total_usd > budget_usd:
             continue
-        if _better(est, best_est, objective):
+        if rank_key(est, objective) < rank_key(best_est, objective):
             best, best_est = cand, est
     if best is plan:
         return plan if plan.estimate is not None else replace(plan, estimate=base)

@@ -19,7 +19,7 @@ from .cloud.domains import SCOPES, Subproblem, apply_crossing, locations_of, sub
 from .cost import CostParams
 from .errors import EspressoError, SpecError
 from .estimate import RECOMPUTE_CORE, SHARDING_CORE, _workload, estimate
-from .interleave import DEFAULT_VIRTUAL_STAGES, interleave
+from .interleave import DEFAULT_VIRTUAL_STAGES, interleave, rank_key
 from .job import Job
 from .plan import RECOMPUTE, SCHEDULES, SHARDING, Plan, Stage
 from .profile import apply_profiles, as_profiles
@@ -493,15 +493,9 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         plans = [interleave(p, catalog, virtual_stages=chunks, budget_usd=budget_usd,
                             objective="cost" if by_cost else "time",
                             enforce_deadline=enforce_deadline) for p in plans]
-        plans.sort(key=lambda p: _rank_key(p, by_cost))
+        plans.sort(key=lambda p: rank_key(p.estimate, "cost" if by_cost else "time"))
         plans = [replace(p, stats={**(p.stats or {}), "rank": i + 1}) for i, p in enumerate(plans)]
     return SearchResult(plans=plans, stats=stats)
-
-
-def _rank_key(p: Plan, by_cost: bool) -> tuple[float, float]:
-    est = p.estimate
-    assert est is not None
-    return (est.total_usd, est.total_hours) if by_cost else (est.total_hours, est.total_usd)
 
 
 def _plan_key(p: Any) -> tuple[Any, ...]:

@@ -1,6 +1,7 @@
 // Bindings of the cost model: plain structs in, plain structs out. The GIL is
 // released while the estimate runs.
 #include <limits>
+
 #include "pybind11.hpp"
 
 #include "espresso/cost_model.hpp"
