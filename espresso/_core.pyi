@@ -256,6 +256,7 @@ class SearchOptions:
     virtual_stages: list[int]
     schedule: Schedule
     max_stages: int
+    max_stages_by_types: list[int]
     max_tp: int
     max_dp: int
     objective: Objective

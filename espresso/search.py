@@ -106,8 +106,41 @@ def _threads(threads: int | None) -> int:
     return v.integer("threads", threads, minimum=1, maximum=1024)
 
 
+def _depth(max_stages: int | Sequence[int]) -> tuple[int, list[int]]:
+    """``max_stages`` as (the deepest, per number of GPU types): an int is one depth for
+    every plan; a sequence gives entry i to plans of i + 1 GPU types, the last entry to
+    plans of more (docs/search.md, "Depth")."""
+    if isinstance(max_stages, (list, tuple)):
+        if not max_stages:
+            msg = "max_stages: expected a depth or a non-empty list of depths, got []"
+            raise SpecError(msg)
+        tiers = [v.integer(f"max_stages[{i}]", x, minimum=1, maximum=1024)
+                 for i, x in enumerate(max_stages)]
+        for i in range(1, len(tiers)):
+            if tiers[i] > tiers[i - 1]:
+                msg = (f"max_stages[{i}]: expected at most max_stages[{i - 1}] = {tiers[i - 1]} "
+                       f"(plans of more GPU types may not be deeper), got {tiers[i]}")
+                raise SpecError(msg)
+        return tiers[0], tiers
+    return v.integer("max_stages", max_stages, minimum=1, maximum=1024), []
+
+
+def depth_words(max_stages: int | Sequence[int]) -> str:
+    """``max_stages`` in words: "at most 8 stages", "at most 64 stages (8 with 3+ GPU types)"."""
+    deepest, tiers = _depth(max_stages)
+    if not tiers or len(set(tiers)) == 1:
+        return f"at most {deepest} stages"
+    parts, prev = [], deepest
+    for i, x in enumerate(tiers[1:], start=2):
+        if x < prev:
+            more = "+" if i == len(tiers) else ""
+            parts.append(f"{x} with {i}{more} GPU types")
+            prev = x
+    return f"at most {deepest} stages ({', '.join(parts)})"
+
+
 def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | None,
-             threads: int | None, top_k: int, max_stages: int, max_tp: int,
+             threads: int | None, top_k: int, max_stages: int | Sequence[int], max_tp: int,
              micro_batch_sizes: Iterable[int], recompute: Iterable[str], schedule: str,
              enforce_deadline: bool, prune: dict[str, bool] | None,
              max_gpu_types: int | None = None, sharding: Iterable[str] = ("none",),
@@ -121,7 +154,7 @@ def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | 
         o.time_limit_s = v.number("time_limit_s", time_limit_s, positive=True, maximum=1e7)
     o.threads = _threads(threads)
     o.top_k = v.integer("top_k", top_k, minimum=1, maximum=1000)
-    o.max_stages = v.integer("max_stages", max_stages, minimum=1, maximum=1024)
+    o.max_stages, o.max_stages_by_types = _depth(max_stages)
     o.max_tp = v.integer("max_tp", max_tp, minimum=1, maximum=1024)
     mbs = list(micro_batch_sizes)
     if not mbs:
@@ -178,6 +211,12 @@ def _job_workload(job: Job, sp: Subproblem | None = None, *,
     return w
 
 
+DEFAULT_MAX_STAGES: tuple[int, ...] = (64, 64, 8)
+"""Pipeline depth by the number of GPU types in a plan (``max_stages``): up to 64 stages for
+plans of one or two GPU types (the tens of stages large runs use: Megatron-LM's 35 and 64),
+8 for three or more. The shallow space is searched first for an incumbent, which makes the
+deep tiers cheap to prove (docs/search.md, "Depth")."""
+
 # Core enum value -> the plan's word (Recompute and Sharding values never compare equal).
 DEFAULT_SHARDING = ("zero1", "zero2", "fsdp")
 """The sharding levels a search tries unless told otherwise. Not ``none``: with more than
@@ -217,7 +256,8 @@ def _to_plan(sp: Any, job: Job, catalog: Catalog, rows: Sequence[GpuType], cost:
 def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
            budget_usd: float | None = None,
            time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
-           threads: int | None = None, top_k: int = 1, max_stages: int = 8, max_tp: int = 8,
+           threads: int | None = None, top_k: int = 1,
+           max_stages: int | Sequence[int] = DEFAULT_MAX_STAGES, max_tp: int = 8,
            micro_batch_sizes: Sequence[int] = (1, 2, 4, 8),
            recompute: Sequence[str] = ("none", "full"), schedule: str = "1f1b",
            sharding: Sequence[str] = DEFAULT_SHARDING, sequence_parallel: bool | None = None,
@@ -238,9 +278,10 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     recomputation (``recompute``: ``none``, ``full``, ``selective``), how model states are
     sharded over the replicas (``sharding``: ``none``, ``zero1``, ``zero2``, ``fsdp``; by
     default :data:`DEFAULT_SHARDING`, the last three), and pipelines of up to
-    ``max_stages`` stages, each a catalog row (GPU type or cloud offer) with a
-    power-of-two tensor-parallel width inside one instance (at most ``max_tp``), in any
-    order with any contiguous layer split, within every row's
+    ``max_stages`` stages (default :data:`DEFAULT_MAX_STAGES`, depth by variety: 64 for plans
+    of one or two GPU types, 8 for more; an int is one depth for all), each a catalog row
+    (GPU type or cloud offer) with a power-of-two tensor-parallel width inside one instance
+    (at most ``max_tp``), in any order with any contiguous layer split, within every row's
     availability, paying whole instances. A plan uses one vendor's GPUs and one network
     domain: ``scope`` ``zone``, ``region`` (default) or ``provider`` (docs/catalog.md);
     each (domain, vendor) is a subproblem, searched cheapest bound first with the best plan
@@ -583,7 +624,8 @@ def explain_infeasible(job: Job, catalog: Catalog, result: SearchResult,
             stats=stats)
     return InfeasibleError(
         f"no arrangement of the catalog's GPUs fits {model.name} in memory within the search "
-        f"space (at most {kwargs.get('max_stages', 8)} stages, tensor parallelism up to "
+        f"space ({depth_words(kwargs.get('max_stages', DEFAULT_MAX_STAGES))}, "
+        f"tensor parallelism up to "
         f"{kwargs.get('max_tp', 8)} inside a node, micro-batch sizes "
         f"{list(kwargs.get('micro_batch_sizes', (1, 2, 4, 8)))}): try a shorter sequence, more "
         "stages, or recomputation", stats=stats)

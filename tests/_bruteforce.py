@@ -38,7 +38,8 @@ def multisets(groups: list[tuple[str, int]], max_len: int) -> Iterator[tuple[tup
 
 def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[int, ...] = (1, 2),
                 recompute: tuple[str, ...] = ("none", "full"),
-                sharding: tuple[str, ...] = ("none", "zero1", "zero2", "fsdp"), max_stages: int = 4,
+                sharding: tuple[str, ...] = ("none", "zero1", "zero2", "fsdp"),
+                max_stages: int | tuple[int, ...] = 4,
                 max_tp: int = 8, cost_model: es.CostParams | None = None,
                 profiles: dict[str, es.Profile] | None = None, objective: str = "cost",
                 budget_usd: float = math.inf, sequence_parallel: bool | None = None,
@@ -46,11 +47,21 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                 ) -> tuple[float, es.Plan | None, int]:
     """(best objective, best plan, plans estimated); inf when nothing is feasible. ``cost``:
     least USD meeting the deadline; ``time``: least hours within ``budget_usd`` (deadline
-    ignored). ``sequence_parallel``: as the search's default when None (on when every
+    ignored). ``max_stages``: one depth, or one per number of GPU types (the last for more).
+    ``sequence_parallel``: as the search's default when None (on when every
     power-of-two TP width up to ``max_tp`` divides the sequence length). ``virtual_stages``:
     stages per GPU group (v >= 2: interleaved 1F1B, each group's blocks in v near-equal
     chunks, the larger first, when there are at least 2 groups, M is a multiple of their
     number and each holds v blocks)."""
+    tiers = max_stages if isinstance(max_stages, tuple) else (max_stages,)
+    deepest = tiers[0]
+
+    def depth_ok(ms: tuple[tuple[str, int], ...]) -> bool:
+        # Depth by variety: entry i for plans of i + 1 GPU types (catalog rows), the last
+        # for more.
+        types = len({name for name, _ in ms})
+        return len(ms) <= tiers[min(types, len(tiers)) - 1]
+
     if sequence_parallel is None:
         sequence_parallel = job.seq_len % (1 << (max_tp.bit_length() - 1)) == 0
     model = job.model
@@ -66,8 +77,10 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                     continue  # one replica: every sharding is the same plan
                 m = B // b // dp
                 # 1F1B with 1 < M < stages runs as GPipe; the search keeps to stages <= M.
-                most = min(max_stages, model.num_layers, m if m > 1 else max_stages)
+                most = min(deepest, model.num_layers, m if m > 1 else deepest)
                 for ms in multisets(groups, most):
+                    if not depth_ok(ms):
+                        continue
                     if len({(catalog[n].vendor, catalog[n].location) for n, _ in ms}) > 1:
                         continue
                     use: dict[str, int] = {}

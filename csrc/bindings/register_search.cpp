@@ -59,6 +59,7 @@ void register_search(py::module_& m) {
         .def_readwrite("virtual_stages", &SearchOptions::virtual_stages)
         .def_readwrite("schedule", &SearchOptions::schedule)
         .def_readwrite("max_stages", &SearchOptions::max_stages)
+        .def_readwrite("max_stages_by_types", &SearchOptions::max_stages_by_types)
         .def_readwrite("max_tp", &SearchOptions::max_tp)
         .def_readwrite("max_dp", &SearchOptions::max_dp)
         .def_readwrite("objective", &SearchOptions::objective)

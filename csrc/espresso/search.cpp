@@ -765,7 +765,8 @@ private:
     // are cut whatever the rest says, so the costlier time bound is skipped.
     double ext_bound(const Node& n, const Combo& c, double thr = kInf, bool full = true) const {
         const auto p = static_cast<std::size_t>(n.next);
-        if (p >= order_.size() || n.stages >= c.max_stages) return kInf;
+        const std::int64_t cap = depth_cap(c, n.types + 1);
+        if (p >= order_.size() || n.stages >= cap || cap <= opt_.covered_depth) return kInf;
         if (n.types >= opt_.max_gpu_types) return kInf;
         if (opt_.prune_memory && n.cap + c.suffix_cap[p] < c.need_bytes) return kInf;
         const double by_rate = type_bound(n, c, p, suffix_min_rate_[p]);
@@ -879,6 +880,16 @@ private:
         return t;
     }
 
+    // The most stages a plan of `types` GPU types may have in combination c (depth by
+    // variety; non-increasing in `types`, so a completion of a node of t types, which has
+    // more, has at most depth_cap(c, t + 1) stages).
+    std::int64_t depth_cap(const Combo& c, std::int64_t types) const {
+        const auto& by = opt_.max_stages_by_types;
+        if (by.empty() || types < 1) return c.max_stages;
+        const auto i = static_cast<std::size_t>(std::min<std::int64_t>(types, static_cast<std::int64_t>(by.size())) - 1);
+        return std::min(c.max_stages, by[i]);
+    }
+
     // GB/s a stage of `tp` GPUs of `type` brings to the DP all-reduce bound (tp * its link).
     double stage_bw(const Combo& c, std::int64_t type, std::int64_t tp) const {
         return d(tp) * dp_link_gbs(gpus_[static_cast<std::size_t>(type)], c.work.dp, tp);
@@ -896,7 +907,7 @@ private:
     // bound is known to reach it, it is returned without refining further.
     double ext_time_bound(const Node& n, const Combo& c, double target = kInf) const {
         const auto p0 = static_cast<std::size_t>(n.next);
-        const std::int64_t room = c.max_stages - n.stages;
+        const std::int64_t room = depth_cap(c, n.types + 1) - n.stages;
         if (room < 1 || p0 >= order_.size()) return kInf;
         if (order_.size() - p0 > kExtTypesMax) return 0.0;
         const std::int64_t L = model_.num_layers;
@@ -1269,7 +1280,7 @@ private:
         const Combo& c = combos_[static_cast<std::size_t>(node.combo)];
         // 1. The node's own allocation.
         const double own = node.own;  // computed when the node was made
-        if (node.stages >= 1) {
+        if (node.stages >= 1 && node.stages > opt_.covered_depth) {
             if (!std::isfinite(own)) {
                 const bool memory = node.cap < c.need_bytes ||
                                     node.max_layers < model_.num_layers ||
@@ -1308,7 +1319,9 @@ private:
             local.open_lb = std::min(local.open_lb, node.lb);
             return;
         }
-        const std::int64_t room = c.max_stages - node.stages;
+        const std::int64_t cap = depth_cap(c, node.types + 1);
+        if (cap <= opt_.covered_depth) return;  // every allocation below is covered elsewhere
+        const std::int64_t room = cap - node.stages;
         for (std::size_t p = static_cast<std::size_t>(node.next); p < order_.size(); ++p) {
             // Adding a type at position p (and perhaps later ones, all with a price per
             // FLOP/s at least this type's) costs at least this; the bound only grows with p.
@@ -1564,6 +1577,21 @@ void check_options(const SearchOptions& o) {
     if (o.max_stages < 1 || o.max_stages > kMaxStages) {
         throw std::invalid_argument("max_stages must be in [1, " + std::to_string(kMaxStages) + "]");
     }
+    if (o.covered_depth < 0) throw std::invalid_argument("covered_depth must be >= 0");
+    if (o.max_stages_by_types.size() > 1024) {
+        throw std::invalid_argument("max_stages_by_types: at most 1024 entries");
+    }
+    for (std::size_t i = 0; i < o.max_stages_by_types.size(); ++i) {
+        const std::int64_t v = o.max_stages_by_types[i];
+        if (v < 1 || v > kMaxStages) {
+            throw std::invalid_argument("max_stages_by_types: each must be in [1, " +
+                                        std::to_string(kMaxStages) + "]");
+        }
+        if (i > 0 && v > o.max_stages_by_types[i - 1]) {
+            throw std::invalid_argument("max_stages_by_types must not increase (entry " +
+                                        std::to_string(i) + ")");
+        }
+    }
     if (o.max_tp < 1 || o.max_tp > 1024) throw std::invalid_argument("max_tp must be in [1, 1024]");
     if (o.max_dp < 1) throw std::invalid_argument("max_dp must be >= 1");
     if (o.top_k < 1 || o.top_k > 1000) throw std::invalid_argument("top_k must be in [1, 1000]");
@@ -1596,8 +1624,69 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
     if (!(job.iterations >= 1)) throw std::invalid_argument("iterations must be >= 1");
     if (!(job.deadline_hours > 0)) throw std::invalid_argument("deadline_hours must be > 0");
     check_options(options);
-    Search s(model, gpus, params, job, options);
-    return s.run();
+    // Depth by variety: when plans of few GPU types may be deeper than the rest, the shallow
+    // space (every plan at most the last entry's depth) is searched first, with at most
+    // three quarters of the time, for an incumbent that prunes the deep tiers; a second
+    // search then covers only the deeper allocations (covered_depth), and the plans of both
+    // are merged.
+    const auto& by = options.max_stages_by_types;
+    const std::int64_t shallow = by.empty() ? options.max_stages : std::min(options.max_stages, by.back());
+    const std::int64_t deepest = by.empty() ? options.max_stages : std::min(options.max_stages, by.front());
+    if (deepest <= shallow) {
+        Search s(model, gpus, params, job, options);
+        return s.run();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    SearchOptions first = options;
+    first.max_stages = shallow;
+    first.max_stages_by_types.clear();
+    if (options.time_limit_s > 0) first.time_limit_s = 0.75 * options.time_limit_s;
+    SearchResult a = Search(model, gpus, params, job, first).run();
+    SearchOptions second = options;
+    second.covered_depth = shallow;
+    if (!a.plans.empty() && static_cast<std::int64_t>(a.plans.size()) >= options.top_k) {
+        second.incumbent = std::min(second.incumbent, a.plans.back().objective);
+    }
+    if (options.time_limit_s > 0) {
+        const double used = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        // At least a moment, so the second search reports its open bound rather than none.
+        second.time_limit_s = std::max(1e-3, options.time_limit_s - used);
+    }
+    SearchResult b = Search(model, gpus, params, job, second).run();
+    // Merge: the second search's plans and the shallow ones, best first, each once.
+    std::vector<SearchPlan> all = std::move(b.plans);
+    for (SearchPlan& p : a.plans) all.push_back(std::move(p));
+    std::stable_sort(all.begin(), all.end(), [](const SearchPlan& x, const SearchPlan& y) {
+        return key_of(x) < key_of(y);
+    });
+    SearchResult out;
+    for (SearchPlan& p : all) {
+        if (!out.plans.empty() && key_of(out.plans.back()) == key_of(p)) continue;
+        if (static_cast<std::int64_t>(out.plans.size()) >= options.top_k) break;
+        out.plans.push_back(std::move(p));
+    }
+    SearchStats st = b.stats;
+    const SearchStats& f = a.stats;
+    st.nodes_expanded += f.nodes_expanded;
+    st.nodes_generated += f.nodes_generated;
+    st.pruned_cost += f.pruned_cost;
+    st.pruned_deadline += f.pruned_deadline;
+    st.pruned_memory += f.pruned_memory;
+    st.pruned_availability += f.pruned_availability;
+    st.pruned_dominance += f.pruned_dominance;
+    st.leaves_placed += f.leaves_placed;
+    st.placer_nodes += f.placer_nodes;
+    st.placer_leaves += f.placer_leaves;
+    st.frontier_peak = std::max(st.frontier_peak, f.frontier_peak);
+    st.dives += f.dives;
+    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    st.timed_out = st.timed_out || f.timed_out;
+    // Each search bounds its own part of the space; the best plan of both caps the bound.
+    const double best = out.plans.empty() ? kInf : out.plans.front().objective;
+    st.complete = st.complete && f.complete;
+    st.lower_bound = st.complete ? best : std::min({best, st.lower_bound, f.lower_bound});
+    out.stats = st;
+    return out;
 }
 
 }  // namespace espresso

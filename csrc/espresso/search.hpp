@@ -45,6 +45,14 @@ struct SearchOptions {
     std::vector<std::int64_t> virtual_stages{1};
     Schedule schedule = Schedule::OneFOneB;
     std::int64_t max_stages = 8;        // pipeline depth at most
+    // Depth by variety: entry i is the depth allowed to plans of i + 1 GPU types (the last
+    // entry holds for more types; non-increasing; each capped by max_stages). Empty: max_stages
+    // for every plan. A search whose deeper tiers exceed the last entry first searches that
+    // shallow space for an incumbent (docs/search.md, "Depth").
+    std::vector<std::int64_t> max_stages_by_types;
+    // Allocations of at most this many stages are another search's (the shallow first pass):
+    // not placed, and subtrees holding only such are not generated. 0: none.
+    std::int64_t covered_depth = 0;
     std::int64_t max_tp = 8;            // tensor-parallel width at most (powers of two)
     std::int64_t max_dp = 1 << 20;
     Objective objective = Objective::Cost;

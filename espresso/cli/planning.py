@@ -18,6 +18,7 @@ from ..job import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LEN, Job
 from ..plan import RECOMPUTE, SHARDING, Plan
 from ..progress import DEFAULT_TIME_LIMIT_S, SearchProgress, TimeBudget
 from ..search import (
+    DEFAULT_MAX_STAGES,
     DEFAULT_SHARDING,
     InfeasibleError,
     SearchResult,
@@ -104,6 +105,11 @@ def _compare(job: Job, catalog: Any, best: Plan, budget: TimeBudget,
     return Comparison(plan=res.plans[0] if res.plans else None, stats=res.stats)
 
 
+def _depth_arg(tiers: tuple[int, ...]) -> int | tuple[int, ...]:
+    """--max-stages: one number is one depth for every plan."""
+    return tiers[0] if len(tiers) == 1 else tiers
+
+
 def _word_list(name: str, allowed: tuple[str, ...]) -> Any:
     def parse(text: str) -> tuple[str, ...]:
         words = tuple(w.strip() for w in text.split(",") if w.strip())
@@ -140,7 +146,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     job = job_from_args(args)
     con = c.console()
     objective = "time" if args.budget is not None else "cost"
-    space: dict[str, Any] = dict(threads=args.threads, max_stages=args.max_stages,
+    space: dict[str, Any] = dict(threads=args.threads, max_stages=_depth_arg(args.max_stages),
                                  max_tp=args.max_tp, profiles=c.load_profiles(args.profile),
                                  cost_model=c.load_cost_model(args.cost_model),
                                  scope=args.scope, sharding=args.sharding,
@@ -239,7 +245,12 @@ def register(sub: Any) -> None:
                    help="instead: the fastest plan whose total cost is within USD")
     p.add_argument("--top-k", type=int, default=1,
                    help="also list the next best plans (a table of k plans)")
-    p.add_argument("--max-stages", type=int, default=8, help="pipeline depth at most (8)")
+    p.add_argument("--max-stages", type=_int_list("max-stages", 1, 1024, allow_none=False),
+                   default=",".join(map(str, DEFAULT_MAX_STAGES)), metavar="N[,N...]",
+                   help="pipeline depth at most: one number for every plan, or one per number "
+                        "of GPU types in a plan, the last for more (default "
+                        f"{','.join(map(str, DEFAULT_MAX_STAGES))}: 64 stages with one or two "
+                        "GPU types, 8 with three or more)")
     p.add_argument("--max-tp", type=int, default=8,
                    help="tensor-parallel width at most (default 8)")
     p.add_argument("--sharding", type=_word_list("sharding", SHARDING),
