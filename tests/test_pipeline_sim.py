@@ -169,3 +169,38 @@ def test_interleaved_is_above_every_device_and_every_chain(p: int, v: int, group
 def test_interleaved_refuses_what_it_cannot_schedule(s: int, p: int, m: int, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         _core.interleaved_makespan([1.0] * s, [1.0] * s, [0.0] * (s - 1), [0.0] * (s - 1), p, m)
+
+
+def drain_bound(f: list[float], b: list[float], c: list[float], m: int) -> float:
+    """The placer's warm-up/cool-down bound (``drain`` in placer.cpp): stage k starts after
+    the fill x_k, works M (f_k + b_k), idles while its first backward and its last one wait
+    for the round trip D_k through the later stages (less the nf_k - 1 forwards, resp.
+    backwards, it can run meanwhile; two windows when M > nf_k), and the last gradient
+    returns through the stages before it."""
+    p = len(f)
+    cin = [0.0, *c]  # the transfer into each stage
+    best = 0.0
+    for k in range(p):
+        x = sum(f[i] + b[i] for i in range(k)) + 2 * sum(cin[1:k + 1])
+        d = sum(f[i] + b[i] + 2 * cin[i] for i in range(k + 1, p))
+        nf = min(p - k, m)
+        warm, cool = max(0.0, d - (nf - 1) * f[k]), max(0.0, d - (nf - 1) * b[k])
+        best = max(best, x + m * (f[k] + b[k]) + (warm + cool if m > nf else max(warm, cool)))
+    return best
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), p=st.integers(1, 8))
+def test_1f1b_never_below_the_drain_bound(data: st.DataObject, p: int) -> None:
+    m = data.draw(st.integers(p, 32))  # 1F1B as the search runs it: M >= P
+    fs = data.draw(st.lists(TIME, min_size=p, max_size=p))
+    bs = data.draw(st.lists(TIME, min_size=p, max_size=p))
+    cs = data.draw(st.lists(st.floats(0, 1.0), min_size=p - 1, max_size=p - 1))
+    assert sim(fs, bs, m, ONE_F_ONE_B, cs) >= drain_bound(fs, bs, cs, m) * (1 - 1e-12)
+
+
+def test_drain_bound_is_exact_for_equal_stages() -> None:
+    for p, m in [(4, 4), (8, 32), (16, 280)]:
+        fs, bs = [0.1] * p, [0.29] * p
+        assert drain_bound(fs, bs, [0.0] * (p - 1), m) == pytest.approx(
+            sim(fs, bs, m, ONE_F_ONE_B), rel=1e-12)

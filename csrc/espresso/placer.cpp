@@ -133,6 +133,9 @@ private:
             return;  // no split fits in memory
         }
         seq_x_.assign(static_cast<std::size_t>(P_), 0.0);
+        seq_f_.assign(static_cast<std::size_t>(P_), 0.0);
+        seq_b_.assign(static_cast<std::size_t>(P_), 0.0);
+        drain_ = V_ == 1 && schedule_as_run(work_.schedule, P_, M_) == Schedule::OneFOneB;
         seq_group_.assign(static_cast<std::size_t>(P_), 0);
         seq_layers_.assign(static_cast<std::size_t>(P_), 0);
         dfs(0, 0, k_, 0.0, 0.0, 0.0, 0.0, 0.0, root_index_);
@@ -438,6 +441,32 @@ private:
         return best;
     }
 
+    // 1F1B's warm-up and cool-down idle (a stronger form of the second bound). Stage s
+    // runs nf_s = min(P - s, M) forwards before its first backward, which waits for the
+    // round trip D_s through the later stages (their work and transfers, both ways); in
+    // the cool-down its last backward waits for D_s after its last forward, with nf_s - 1
+    // backwards to fill that wait. So it idles at least max(0, D_s - (nf_s - 1) f_s) and,
+    // in a second window when M > nf_s (else the two overlap and the larger counts),
+    // max(0, D_s - (nf_s - 1) b_s):
+    //   T >= x_s + M w_s + idle_s, x_s the fill and return through the stages before s.
+    // D_s >= S - x_s - w_s, S >= `sum`. Exact for equal stages ((M + P - 1) w); checked
+    // against the simulation in tests/test_pipeline_sim.py.
+    double drain(std::int64_t pos, double sum) const {
+        if (!drain_) return 0.0;
+        double best = 0.0;
+        for (std::int64_t s = 0; s <= pos; ++s) {
+            const auto ss = static_cast<std::size_t>(s);
+            const double x = seq_x_[ss], f = seq_f_[ss], b = seq_b_[ss];
+            const double D = sum - x - f - b;
+            const std::int64_t nf = std::min(P_ - s, M_);
+            const double iw = std::max(0.0, D - static_cast<double>(nf - 1) * f);
+            const double ic = std::max(0.0, D - static_cast<double>(nf - 1) * b);
+            const double idle = M_ > nf ? iw + ic : std::max(iw, ic);
+            best = std::max(best, x + static_cast<double>(M_) * (f + b) + idle);
+        }
+        return best * (1 - 1e-12);
+    }
+
     double cutoff() const {
         if (opt_.incumbent == nullptr) return opt_.cutoff_s;
         const double inc = opt_.incumbent->load(std::memory_order_relaxed) * opt_.incumbent_scale;
@@ -495,7 +524,9 @@ private:
                 const double sum = npre + tail_sum(left - 1, l + n, j, idx - stride_[sj]);
                 const double second = sum + std::max(g, nk.g);
                 seq_x_[static_cast<std::size_t>(pos)] = pre_i;
-                const double third = round_trip(pos, sum);
+                seq_f_[static_cast<std::size_t>(pos)] = f_[c];
+                seq_b_[static_cast<std::size_t>(pos)] = b_[c];
+                const double third = std::max(round_trip(pos, sum), drain(pos, sum));
                 const double bound = std::max({first, second, third}) + std::max(ar, nk.ar) +
                                      std::max(op, nk.opt);
                 if (prune(bound)) continue;
@@ -514,6 +545,11 @@ private:
             seq_group_[static_cast<std::size_t>(pos)] = cd.group;
             seq_layers_[static_cast<std::size_t>(pos)] = cd.layers;
             seq_x_[static_cast<std::size_t>(pos)] = cd.x;
+            {
+                const std::size_t c = cell(cd.group, pos, cd.layers);
+                seq_f_[static_cast<std::size_t>(pos)] = f_[c];
+                seq_b_[static_cast<std::size_t>(pos)] = b_[c];
+            }
             --remaining_[sj];
             if (left == 1) {
                 leaf(cd.ar, cd.opt);
@@ -607,7 +643,8 @@ private:
     bool use_memo_ = false, exhaustive_ = true, timed_out_ = false;
     std::int64_t root_index_ = 0, nodes_ = 0, leaves_ = 0;
     std::vector<std::int64_t> seq_group_, seq_layers_, best_group_, best_layers_;
-    std::vector<double> seq_x_;
+    std::vector<double> seq_x_, seq_f_, seq_b_;  // per placed position
+    bool drain_ = false;  // plain 1F1B as run: the warm-up/cool-down bound applies
     double best_iter_ = kInf;
 };
 
