@@ -3,6 +3,7 @@
 // std::invalid_argument or return finite numbers that satisfy basic invariants; crashes,
 // hangs and sanitizer reports are failures. Build with -DESPRESSO_NATIVE_TESTS=ON, ideally
 // under -fsanitize=address,undefined, and run: espresso_fuzz [iterations] [seed].
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +15,7 @@
 
 #include "espresso/cost_model.hpp"
 #include "espresso/pipeline_sim.hpp"
+#include "espresso/search.hpp"
 
 using namespace espresso;
 
@@ -53,7 +55,7 @@ void fail(const char* what, std::uint64_t i) {
 int main(int argc, char** argv) {
     const std::uint64_t iters = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 20000;
     rng.seed(argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1);
-    std::uint64_t ok = 0, refused = 0;
+    std::uint64_t ok = 0, refused = 0, searched = 0, planned = 0;
     for (std::uint64_t i = 0; i < iters; ++i) {
         hostile = i % 2 == 0;
         ModelDims m;
@@ -151,6 +153,44 @@ int main(int argc, char** argv) {
         } catch (const std::invalid_argument&) {
             ++refused;
         }
+        // Now and then the whole search on the same inputs, under a short time limit, with
+        // arbitrary depth tiers (often invalid when hostile): refused, or plans that keep
+        // their tier.
+        if (i % 40 < 2) {
+            SearchOptions o;
+            o.time_limit_s = 0.02;
+            o.max_stages = 1 + static_cast<std::int64_t>(rng() % 12);
+            o.top_k = 1 + static_cast<std::int64_t>(rng() % 3);
+            o.sharding = {Sharding::None, Sharding::Zero2};
+            o.max_stages_by_types.resize(rng() % 4);
+            std::int64_t prev = o.max_stages;
+            for (auto& t : o.max_stages_by_types) {
+                t = hostile && rng() % 3 == 0 ? (rng() % 2 ? any_int(2048) : -static_cast<std::int64_t>(rng() % 3))
+                                              : 1 + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(prev));
+                prev = std::max<std::int64_t>(1, std::min(prev, t));
+            }
+            try {
+                const SearchResult r = search(m, gpus, p, w, o);
+                ++searched;
+                planned += r.plans.empty() ? 0U : 1U;
+                for (const SearchPlan& pl : r.plans) {
+                    std::vector<std::int64_t> types;
+                    for (const StageSpec& st : pl.stages) {
+                        if (std::find(types.begin(), types.end(), st.gpu) == types.end()) types.push_back(st.gpu);
+                    }
+                    const auto groups = static_cast<std::int64_t>(pl.stages.size()) /
+                                        std::max<std::int64_t>(1, pl.work.virtual_stages);
+                    std::int64_t cap = o.max_stages;
+                    const auto& by = o.max_stages_by_types;
+                    if (!by.empty()) {
+                        cap = std::min(cap, by[std::min(types.size(), by.size()) - 1]);
+                    }
+                    if (groups > cap) fail("plans keep their depth tier", i);
+                    if (!finite_nonneg(pl.objective)) fail("finite objective", i);
+                }
+            } catch (const std::invalid_argument&) {
+            }
+        }
         // The simulator on its own, with arbitrary times.
         const std::size_t P = rng() % 6;
         std::vector<double> f(P), b(P), c(P > 0 ? P - 1 : 0);
@@ -183,7 +223,9 @@ int main(int argc, char** argv) {
         } catch (const std::invalid_argument&) {
         }
     }
-    std::printf("espresso_fuzz: %llu estimates, %llu refused with invalid_argument, no failures\n",
-                static_cast<unsigned long long>(ok), static_cast<unsigned long long>(refused));
+    std::printf("espresso_fuzz: %llu estimates, %llu refused with invalid_argument; %llu searches "
+                "(%llu with a plan); no failures\n",
+                static_cast<unsigned long long>(ok), static_cast<unsigned long long>(refused),
+                static_cast<unsigned long long>(searched), static_cast<unsigned long long>(planned));
     return 0;
 }
