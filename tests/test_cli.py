@@ -173,8 +173,8 @@ def test_time_limit_is_the_commands_wall_clock(capsys: pytest.CaptureFixture[str
         ._subparsers._group_actions[0].choices["plan"].format_help().split())
     t = time.monotonic()
     code = main(["plan", "--model", "llama2-7b", "--tokens", "2e11", "--deadline", "2d",
-                 "--time-limit", "3", "--threads", "2", "--catalog", "builtin:gpus"])
-    assert time.monotonic() - t < 3 + 10  # hang guard, generous on a noisy machine
+                 "--time-limit", "6", "--threads", "2", "--catalog", "builtin:gpus"])
+    assert time.monotonic() - t < 6 + 10  # hang guard, generous on a noisy machine
     out = capsys.readouterr().out
     assert code == 1
     assert "no plan meets the deadline of 48.0 h" in out

@@ -204,3 +204,48 @@ def test_drain_bound_is_exact_for_equal_stages() -> None:
         fs, bs = [0.1] * p, [0.29] * p
         assert drain_bound(fs, bs, [0.0] * (p - 1), m) == pytest.approx(
             sim(fs, bs, m, ONE_F_ONE_B), rel=1e-12)
+
+
+def window_mean(f: list[float], b: list[float], c: list[float]) -> float:
+    """The largest mean over contiguous stages s..t of their work and inner transfers (both
+    ways) per stage: 1F1B's steady-state period."""
+    p, best = len(f), 0.0
+    for s in range(p):
+        for t in range(s, p):
+            length = sum(f[s:t + 1]) + sum(b[s:t + 1]) + 2 * sum(c[s:t])
+            best = max(best, length / (t - s + 1))
+    return best
+
+
+def chain_bound(f: list[float], b: list[float], c: list[float], m: int) -> float:
+    """The placer's steady-state chain bound (``chain`` in placer.cpp)."""
+    p, best = len(f), 0.0
+    for t in range(p):
+        x_t = sum(f[:t]) + sum(b[:t]) + 2 * sum(c[:t])
+        for s in range(t + 1):
+            nf, k = p - s, t - s + 1
+            if m - 1 < nf:
+                continue
+            length = sum(f[s:t + 1]) + sum(b[s:t + 1]) + 2 * sum(c[s:t])
+            best = max(best, x_t + f[t] + b[t] + ((m - 1 - nf) // k + 1) * length)
+    return best
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), p=st.integers(1, 8))
+def test_1f1b_never_below_the_chain_bound(data: st.DataObject, p: int) -> None:
+    m = data.draw(st.integers(p, 40))
+    fs = data.draw(st.lists(TIME, min_size=p, max_size=p))
+    bs = data.draw(st.lists(TIME, min_size=p, max_size=p))
+    cs = data.draw(st.lists(st.floats(0, 1.0), min_size=p - 1, max_size=p - 1))
+    assert sim(fs, bs, m, ONE_F_ONE_B, cs) >= chain_bound(fs, bs, cs, m) * (1 - 1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), p=st.integers(2, 6))
+def test_1f1b_steady_period_is_the_largest_window_mean(data: st.DataObject, p: int) -> None:
+    fs = data.draw(st.lists(TIME, min_size=p, max_size=p))
+    bs = data.draw(st.lists(TIME, min_size=p, max_size=p))
+    cs = data.draw(st.lists(st.floats(0, 1.0), min_size=p - 1, max_size=p - 1))
+    period = (sim(fs, bs, 800, ONE_F_ONE_B, cs) - sim(fs, bs, 400, ONE_F_ONE_B, cs)) / 400
+    assert period == pytest.approx(window_mean(fs, bs, cs), rel=2e-3)

@@ -467,6 +467,31 @@ private:
         return best * (1 - 1e-12);
     }
 
+    // 1F1B's steady state: for stages s..t (t = pos, the stage just placed), the operations
+    // B_t(a) -> B_s(a) -> F_s(a + nf_s) -> F_t(a + nf_s) -> B_t(a + t - s + 1) form a cycle
+    // of length L = (X_t + w_t) - X_s (the window's work and the transfers inside it, both
+    // ways; X the fill before each stage), advancing t - s + 1 micro-batches, as long as
+    // a + nf_s <= M - 1. A chain of n = floor((M - 1 - nf_s) / (t - s + 1)) + 1 such cycles
+    // from B_t(0) (which starts after X_t's forward half and f_t), then b_t and the return:
+    //   T >= X_t + w_t + n L.
+    // The simulation's steady period is the largest window mean L / (t - s + 1) (checked in
+    // tests/test_pipeline_sim.py, with the chain bound itself).
+    double chain(std::int64_t pos) const {
+        if (!drain_) return 0.0;
+        const auto st = static_cast<std::size_t>(pos);
+        const double end = seq_x_[st] + seq_f_[st] + seq_b_[st];
+        double best = 0.0;
+        for (std::int64_t s = 0; s <= pos; ++s) {
+            const std::int64_t nf = std::min(P_ - s, M_);
+            if (M_ - 1 < nf) continue;
+            const std::int64_t k = pos - s + 1;
+            const double L = end - seq_x_[static_cast<std::size_t>(s)];
+            const auto n = static_cast<double>((M_ - 1 - nf) / k + 1);
+            best = std::max(best, end + n * L);
+        }
+        return best * (1 - 1e-12);
+    }
+
     double cutoff() const {
         if (opt_.incumbent == nullptr) return opt_.cutoff_s;
         const double inc = opt_.incumbent->load(std::memory_order_relaxed) * opt_.incumbent_scale;
@@ -508,7 +533,11 @@ private:
                 if (!ok_[c]) break;
                 const double w = f_[c] + b_[c];
                 const double pre_i = pre + c2;
-                const double lb = std::max(lbmax, pre_i + static_cast<double>(M_) * w);
+                seq_x_[static_cast<std::size_t>(pos)] = pre_i;
+                seq_f_[static_cast<std::size_t>(pos)] = f_[c];
+                seq_b_[static_cast<std::size_t>(pos)] = b_[c];
+                // Placed stages' own terms (each a bound on the makespan by itself).
+                const double lb = std::max({lbmax, pre_i + static_cast<double>(M_) * w, chain(pos)});
                 const double npre = pre_i + first_[c];
                 const double ar = std::max(armax, ar_[c]);
                 const double op = std::max(optmax, opt_step_[c]);
@@ -523,9 +552,6 @@ private:
                 const double first = std::max(lb, npre + tail);
                 const double sum = npre + tail_sum(left - 1, l + n, j, idx - stride_[sj]);
                 const double second = sum + std::max(g, nk.g);
-                seq_x_[static_cast<std::size_t>(pos)] = pre_i;
-                seq_f_[static_cast<std::size_t>(pos)] = f_[c];
-                seq_b_[static_cast<std::size_t>(pos)] = b_[c];
                 const double third = std::max(round_trip(pos, sum), drain(pos, sum));
                 const double bound = std::max({first, second, third}) + std::max(ar, nk.ar) +
                                      std::max(op, nk.opt);
