@@ -1624,67 +1624,106 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
     if (!(job.iterations >= 1)) throw std::invalid_argument("iterations must be >= 1");
     if (!(job.deadline_hours > 0)) throw std::invalid_argument("deadline_hours must be > 0");
     check_options(options);
-    // Depth by variety: when plans of few GPU types may be deeper than the rest, the shallow
-    // space (every plan at most the last entry's depth) is searched first, with at most
-    // three quarters of the time, for an incumbent that prunes the deep tiers; a second
-    // search then covers only the deeper allocations (covered_depth), and the plans of both
-    // are merged.
+    // Passes (docs/search.md, "Depth" and "Passes"), each an exact search of part of the
+    // space, sharing the time limit; every pass takes the best plans so far as its incumbent
+    // and the plans of all are merged.
+    //   0. a seed: plans of at most two GPU types and the shallow depth, with at most a tenth
+    //      of the time (its space lies inside pass 1's; any plan it finds prunes pass 1,
+    //      which otherwise meets a good plan early or late by the threads' timing);
+    //   1. the shallow space: every plan at most the last depth entry deep, any types;
+    //   2. depth by variety: only the allocations deeper than that (covered_depth), when
+    //      plans of few types may be deeper than the rest.
     const auto& by = options.max_stages_by_types;
     const std::int64_t shallow = by.empty() ? options.max_stages : std::min(options.max_stages, by.back());
     const std::int64_t deepest = by.empty() ? options.max_stages : std::min(options.max_stages, by.front());
-    if (deepest <= shallow) {
+    const bool seed = options.max_gpu_types > 2 && gpus.size() > 2;
+    if (deepest <= shallow && !seed) {
         Search s(model, gpus, params, job, options);
         return s.run();
     }
     const auto t0 = std::chrono::steady_clock::now();
-    SearchOptions first = options;
-    first.max_stages = shallow;
-    first.max_stages_by_types.clear();
-    if (options.time_limit_s > 0) first.time_limit_s = 0.75 * options.time_limit_s;
-    SearchResult a = Search(model, gpus, params, job, first).run();
-    SearchOptions second = options;
-    second.covered_depth = shallow;
-    if (!a.plans.empty() && static_cast<std::int64_t>(a.plans.size()) >= options.top_k) {
-        second.incumbent = std::min(second.incumbent, a.plans.back().objective);
-    }
-    if (options.time_limit_s > 0) {
+    auto left = [&](double share) {  // seconds for a pass: `share` of the limit, within what is left
+        if (options.time_limit_s <= 0) return 0.0;
         const double used = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        // At least a moment, so the second search reports its open bound rather than none.
-        second.time_limit_s = std::max(1e-3, options.time_limit_s - used);
+        return std::max(1e-3, std::min(share * options.time_limit_s, options.time_limit_s - used));
+    };
+    std::vector<SearchPlan> plans;
+    auto incumbent = [&](double given) {
+        if (static_cast<std::int64_t>(plans.size()) < options.top_k) return given;
+        return std::min(given, plans[static_cast<std::size_t>(options.top_k - 1)].objective);
+    };
+    auto merge = [&](std::vector<SearchPlan>&& more) {
+        for (SearchPlan& p : more) plans.push_back(std::move(p));
+        std::stable_sort(plans.begin(), plans.end(), [](const SearchPlan& x, const SearchPlan& y) {
+            return key_of(x) < key_of(y);
+        });
+        std::vector<SearchPlan> kept;
+        for (SearchPlan& p : plans) {
+            if (!kept.empty() && key_of(kept.back()) == key_of(p)) continue;
+            if (static_cast<std::int64_t>(kept.size()) >= options.top_k) break;
+            kept.push_back(std::move(p));
+        }
+        plans = std::move(kept);
+    };
+    SearchStats st;
+    auto add = [&](const SearchStats& f) {
+        st.nodes_expanded += f.nodes_expanded;
+        st.nodes_generated += f.nodes_generated;
+        st.pruned_cost += f.pruned_cost;
+        st.pruned_deadline += f.pruned_deadline;
+        st.pruned_memory += f.pruned_memory;
+        st.pruned_availability += f.pruned_availability;
+        st.pruned_dominance += f.pruned_dominance;
+        st.leaves_placed += f.leaves_placed;
+        st.placer_nodes += f.placer_nodes;
+        st.placer_leaves += f.placer_leaves;
+        st.frontier_peak = std::max(st.frontier_peak, f.frontier_peak);
+        st.dives += f.dives;
+        st.timed_out = st.timed_out || f.timed_out;
+        st.threads = std::max(st.threads, f.threads);
+        st.combos = std::max(st.combos, f.combos);
+    };
+    double lower = kInf;  // the smallest bound the covering passes leave open
+    bool complete = true;
+    if (seed) {
+        SearchOptions o = options;
+        o.max_stages = shallow;
+        o.max_stages_by_types.clear();
+        o.max_gpu_types = 2;
+        if (options.time_limit_s > 0) o.time_limit_s = left(0.1);
+        SearchResult r = Search(model, gpus, params, job, o).run();
+        add(r.stats);
+        merge(std::move(r.plans));
     }
-    SearchResult b = Search(model, gpus, params, job, second).run();
-    // Merge: the second search's plans and the shallow ones, best first, each once.
-    std::vector<SearchPlan> all = std::move(b.plans);
-    for (SearchPlan& p : a.plans) all.push_back(std::move(p));
-    std::stable_sort(all.begin(), all.end(), [](const SearchPlan& x, const SearchPlan& y) {
-        return key_of(x) < key_of(y);
-    });
+    {
+        SearchOptions o = options;
+        o.max_stages = shallow;
+        o.max_stages_by_types.clear();
+        o.incumbent = incumbent(options.incumbent);
+        if (options.time_limit_s > 0) o.time_limit_s = left(deepest > shallow ? 0.75 : 1.0);
+        SearchResult r = Search(model, gpus, params, job, o).run();
+        add(r.stats);
+        complete = complete && r.stats.complete;
+        lower = std::min(lower, r.stats.lower_bound);
+        merge(std::move(r.plans));
+    }
+    if (deepest > shallow) {
+        SearchOptions o = options;
+        o.covered_depth = shallow;
+        o.incumbent = incumbent(options.incumbent);
+        if (options.time_limit_s > 0) o.time_limit_s = left(1.0);
+        SearchResult r = Search(model, gpus, params, job, o).run();
+        add(r.stats);
+        complete = complete && r.stats.complete;
+        lower = std::min(lower, r.stats.lower_bound);
+        merge(std::move(r.plans));
+    }
     SearchResult out;
-    for (SearchPlan& p : all) {
-        if (!out.plans.empty() && key_of(out.plans.back()) == key_of(p)) continue;
-        if (static_cast<std::int64_t>(out.plans.size()) >= options.top_k) break;
-        out.plans.push_back(std::move(p));
-    }
-    SearchStats st = b.stats;
-    const SearchStats& f = a.stats;
-    st.nodes_expanded += f.nodes_expanded;
-    st.nodes_generated += f.nodes_generated;
-    st.pruned_cost += f.pruned_cost;
-    st.pruned_deadline += f.pruned_deadline;
-    st.pruned_memory += f.pruned_memory;
-    st.pruned_availability += f.pruned_availability;
-    st.pruned_dominance += f.pruned_dominance;
-    st.leaves_placed += f.leaves_placed;
-    st.placer_nodes += f.placer_nodes;
-    st.placer_leaves += f.placer_leaves;
-    st.frontier_peak = std::max(st.frontier_peak, f.frontier_peak);
-    st.dives += f.dives;
+    out.plans = std::move(plans);
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    st.timed_out = st.timed_out || f.timed_out;
-    // Each search bounds its own part of the space; the best plan of both caps the bound.
+    st.complete = complete;
     const double best = out.plans.empty() ? kInf : out.plans.front().objective;
-    st.complete = st.complete && f.complete;
-    st.lower_bound = st.complete ? best : std::min({best, st.lower_bound, f.lower_bound});
+    st.lower_bound = complete ? best : std::min(best, lower);
     out.stats = st;
     return out;
 }
