@@ -211,11 +211,11 @@ def _job_workload(job: Job, sp: Subproblem | None = None, *,
     return w
 
 
-DEFAULT_MAX_STAGES: tuple[int, ...] = (64, 64, 8)
+DEFAULT_MAX_STAGES: tuple[int, ...] = (64, 8)
 """Pipeline depth by the number of GPU types in a plan (``max_stages``): up to 64 stages for
-plans of one or two GPU types (the tens of stages large runs use: Megatron-LM's 35 and 64),
-8 for three or more. The shallow space is searched first for an incumbent, which makes the
-deep tiers cheap to prove (docs/search.md, "Depth")."""
+plans of one GPU type (the tens of stages large runs use, all of one type and width:
+Megatron-LM's 35 and 64), 8 for mixes. ``(64, 64, 8)`` lets two-type mixes go as deep too,
+at a few seconds more on large catalogs (docs/search.md, "Depth")."""
 
 # Core enum value -> the plan's word (Recompute and Sharding values never compare equal).
 DEFAULT_SHARDING = ("zero1", "zero2", "fsdp")
@@ -278,8 +278,8 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     recomputation (``recompute``: ``none``, ``full``, ``selective``), how model states are
     sharded over the replicas (``sharding``: ``none``, ``zero1``, ``zero2``, ``fsdp``; by
     default :data:`DEFAULT_SHARDING`, the last three), and pipelines of up to
-    ``max_stages`` stages (default :data:`DEFAULT_MAX_STAGES`, depth by variety: 64 for plans
-    of one or two GPU types, 8 for more; an int is one depth for all), each a catalog row
+    ``max_stages`` stages (default :data:`DEFAULT_MAX_STAGES`, depth by variety: 64 for
+    single-type plans, 8 for mixes; an int is one depth for all), each a catalog row
     (GPU type or cloud offer) with a power-of-two tensor-parallel width inside one instance
     (at most ``max_tp``), in any order with any contiguous layer split, within every row's
     availability, paying whole instances. A plan uses one vendor's GPUs and one network

@@ -163,6 +163,7 @@ def test_bad_depths_name_the_entry(value: object, match: str) -> None:
 def test_depth_in_words() -> None:
     assert depth_words(8) == "at most 8 stages"
     assert depth_words((64, 64, 8)) == "at most 64 stages (8 with 3+ GPU types)"
+    assert depth_words((64, 8)) == "at most 64 stages (8 with 2+ GPU types)"
     assert depth_words((64, 16, 8)) == ("at most 64 stages (16 with 2 GPU types, "
                                         "8 with 3+ GPU types)")
 

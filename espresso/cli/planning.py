@@ -249,8 +249,8 @@ def register(sub: Any) -> None:
                    default=",".join(map(str, DEFAULT_MAX_STAGES)), metavar="N[,N...]",
                    help="pipeline depth at most: one number for every plan, or one per number "
                         "of GPU types in a plan, the last for more (default "
-                        f"{','.join(map(str, DEFAULT_MAX_STAGES))}: 64 stages with one or two "
-                        "GPU types, 8 with three or more)")
+                        f"{','.join(map(str, DEFAULT_MAX_STAGES))}: 64 stages with one GPU type, "
+                        "8 for mixes; 64,64,8 lets two-type mixes go as deep)")
     p.add_argument("--max-tp", type=int, default=8,
                    help="tensor-parallel width at most (default 8)")
     p.add_argument("--sharding", type=_word_list("sharding", SHARDING),
