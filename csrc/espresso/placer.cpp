@@ -133,8 +133,7 @@ private:
             return;  // no split fits in memory
         }
         seq_x_.assign(static_cast<std::size_t>(P_), 0.0);
-        seq_f_.assign(static_cast<std::size_t>(P_), 0.0);
-        seq_b_.assign(static_cast<std::size_t>(P_), 0.0);
+        seq_cell_.assign(static_cast<std::size_t>(P_), 0);
         drain_ = V_ == 1 && schedule_as_run(work_.schedule, P_, M_) == Schedule::OneFOneB;
         seq_group_.assign(static_cast<std::size_t>(P_), 0);
         seq_layers_.assign(static_cast<std::size_t>(P_), 0);
@@ -431,12 +430,14 @@ private:
         return static_cast<double>((M_ + nf - 1) / nf);
     }
 
-    // The largest round-trip bound over the stages placed so far (0..pos), S >= `sum`.
+    // The largest round-trip bound over the stages placed so far (0..pos), S >= `sum`, and
+    // (plain 1F1B) the warm-up/cool-down bound below, in one pass over them.
     double round_trip(std::int64_t pos, double sum) const {
         double best = 0.0;
         for (std::int64_t s = 0; s <= pos; ++s) {
             const double x = seq_x_[static_cast<std::size_t>(s)];
             best = std::max(best, x + rt_factor(s) * (sum - x));
+            if (drain_) best = std::max(best, drain(s, sum) * (1 - 1e-12));
         }
         return best;
     }
@@ -451,20 +452,15 @@ private:
     //   T >= x_s + M w_s + idle_s, x_s the fill and return through the stages before s.
     // D_s >= S - x_s - w_s, S >= `sum`. Exact for equal stages ((M + P - 1) w); checked
     // against the simulation in tests/test_pipeline_sim.py.
-    double drain(std::int64_t pos, double sum) const {
-        if (!drain_) return 0.0;
-        double best = 0.0;
-        for (std::int64_t s = 0; s <= pos; ++s) {
-            const auto ss = static_cast<std::size_t>(s);
-            const double x = seq_x_[ss], f = seq_f_[ss], b = seq_b_[ss];
-            const double D = sum - x - f - b;
-            const std::int64_t nf = std::min(P_ - s, M_);
-            const double iw = std::max(0.0, D - static_cast<double>(nf - 1) * f);
-            const double ic = std::max(0.0, D - static_cast<double>(nf - 1) * b);
-            const double idle = M_ > nf ? iw + ic : std::max(iw, ic);
-            best = std::max(best, x + static_cast<double>(M_) * (f + b) + idle);
-        }
-        return best * (1 - 1e-12);
+    double drain(std::int64_t s, double sum) const {
+        const std::size_t c = seq_cell_[static_cast<std::size_t>(s)];
+        const double x = seq_x_[static_cast<std::size_t>(s)], f = f_[c], b = b_[c];
+        const double D = sum - x - f - b;
+        const std::int64_t nf = std::min(P_ - s, M_);
+        const double iw = std::max(0.0, D - static_cast<double>(nf - 1) * f);
+        const double ic = std::max(0.0, D - static_cast<double>(nf - 1) * b);
+        const double idle = M_ > nf ? iw + ic : std::max(iw, ic);
+        return x + static_cast<double>(M_) * (f + b) + idle;
     }
 
     // 1F1B's steady state: for stages s..t (t = pos, the stage just placed), the operations
@@ -479,7 +475,7 @@ private:
     double chain(std::int64_t pos) const {
         if (!drain_) return 0.0;
         const auto st = static_cast<std::size_t>(pos);
-        const double end = seq_x_[st] + seq_f_[st] + seq_b_[st];
+        const double end = seq_x_[st] + f_[seq_cell_[st]] + b_[seq_cell_[st]];
         double best = 0.0;
         for (std::int64_t s = 0; s <= pos; ++s) {
             const std::int64_t nf = std::min(P_ - s, M_);
@@ -534,8 +530,7 @@ private:
                 const double w = f_[c] + b_[c];
                 const double pre_i = pre + c2;
                 seq_x_[static_cast<std::size_t>(pos)] = pre_i;
-                seq_f_[static_cast<std::size_t>(pos)] = f_[c];
-                seq_b_[static_cast<std::size_t>(pos)] = b_[c];
+                seq_cell_[static_cast<std::size_t>(pos)] = c;
                 // Placed stages' own terms (each a bound on the makespan by itself).
                 const double lb = std::max({lbmax, pre_i + static_cast<double>(M_) * w, chain(pos)});
                 const double npre = pre_i + first_[c];
@@ -552,7 +547,7 @@ private:
                 const double first = std::max(lb, npre + tail);
                 const double sum = npre + tail_sum(left - 1, l + n, j, idx - stride_[sj]);
                 const double second = sum + std::max(g, nk.g);
-                const double third = std::max(round_trip(pos, sum), drain(pos, sum));
+                const double third = round_trip(pos, sum);
                 const double bound = std::max({first, second, third}) + std::max(ar, nk.ar) +
                                      std::max(op, nk.opt);
                 if (prune(bound)) continue;
@@ -571,11 +566,7 @@ private:
             seq_group_[static_cast<std::size_t>(pos)] = cd.group;
             seq_layers_[static_cast<std::size_t>(pos)] = cd.layers;
             seq_x_[static_cast<std::size_t>(pos)] = cd.x;
-            {
-                const std::size_t c = cell(cd.group, pos, cd.layers);
-                seq_f_[static_cast<std::size_t>(pos)] = f_[c];
-                seq_b_[static_cast<std::size_t>(pos)] = b_[c];
-            }
+            seq_cell_[static_cast<std::size_t>(pos)] = cell(cd.group, pos, cd.layers);
             --remaining_[sj];
             if (left == 1) {
                 leaf(cd.ar, cd.opt);
@@ -669,7 +660,8 @@ private:
     bool use_memo_ = false, exhaustive_ = true, timed_out_ = false;
     std::int64_t root_index_ = 0, nodes_ = 0, leaves_ = 0;
     std::vector<std::int64_t> seq_group_, seq_layers_, best_group_, best_layers_;
-    std::vector<double> seq_x_, seq_f_, seq_b_;  // per placed position
+    std::vector<double> seq_x_;
+    std::vector<std::size_t> seq_cell_;  // per placed position: its (group, position, blocks) cell
     bool drain_ = false;  // plain 1F1B as run: the warm-up/cool-down bound applies
     double best_iter_ = kInf;
 };
