@@ -52,6 +52,8 @@ class GpuSpec:
     price_per_hour: float
     count: int
     gpus_per_node: int
+    interruptions_per_hour: float
+    recovery_hours: float
     block_fwd_scale: float
     block_bwd_scale: float
     head_fwd_scale: float
@@ -96,6 +98,9 @@ class Workload:
     iterations: float
     deadline_hours: float
     transfer_usd_per_gb: float
+    checkpoint_gbs: float
+    restart_hours: float
+    deadline_confidence: float
     def __init__(self) -> None: ...
 
 class StageSpec:
@@ -156,6 +161,14 @@ class EstimateResult:
     transfer_usd: float
     total_hours: float
     total_usd: float
+    work_hours: float
+    interruptions_per_hour: float
+    checkpoint_interval_hours: float
+    checkpoint_hours: float
+    restart_hours: float
+    hours_at_confidence: float
+    interruptions_expected: float
+    interruptions_at_confidence: int
     model_flops_per_iteration: float
     feasible: bool
     meets_deadline: bool
@@ -188,6 +201,20 @@ def head_times(model: ModelDims, gpu: GpuSpec, params: CostParams, work: Workloa
                tp: int) -> BlockTimes: ...
 def block_bound_flops(model: ModelDims, params: CostParams, seq_len: int,
                       micro_batch: int) -> float: ...
+class SpotOutcome:
+    interval_hours: float
+    expected_hours: float
+    hours_at_confidence: float
+    interruptions_expected: float
+    interruptions_at_confidence: int
+    bounded: bool
+
+def optimal_interval_hours(rate: float, checkpoint: float) -> float: ...
+def spot_factor(rate: float, checkpoint: float, restart: float) -> float: ...
+def spot_factor_at(rate: float, checkpoint: float, restart: float, interval: float) -> float: ...
+def spot_outcome(work_hours: float, rate: float, checkpoint: float, restart: float,
+                 confidence: float) -> SpotOutcome: ...
+def checkpoint_hours(model: ModelDims, params: CostParams, work: Workload) -> float: ...
 def ring_allreduce_s(bytes: float, k: int, gbs: float, params: CostParams) -> float: ...
 def validate_model(model: ModelDims) -> None: ...
 def validate_cost_params(params: CostParams) -> None: ...

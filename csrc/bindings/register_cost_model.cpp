@@ -6,6 +6,7 @@
 
 #include "espresso/cost_model.hpp"
 #include "espresso/pipeline_sim.hpp"
+#include "espresso/spot.hpp"
 
 using namespace espresso;
 
@@ -58,6 +59,8 @@ void register_cost_model(py::module_& m) {
         .def_readwrite("price_per_hour", &GpuSpec::price_per_hour)
         .def_readwrite("count", &GpuSpec::count)
         .def_readwrite("gpus_per_node", &GpuSpec::gpus_per_node)
+        .def_readwrite("interruptions_per_hour", &GpuSpec::interruptions_per_hour)
+        .def_readwrite("recovery_hours", &GpuSpec::recovery_hours)
         .def_readwrite("block_fwd_scale", &GpuSpec::block_fwd_scale)
         .def_readwrite("block_bwd_scale", &GpuSpec::block_bwd_scale)
         .def_readwrite("head_fwd_scale", &GpuSpec::head_fwd_scale)
@@ -101,7 +104,10 @@ void register_cost_model(py::module_& m) {
         .def_readwrite("optimizer_bytes_per_param", &Workload::optimizer_bytes_per_param)
         .def_readwrite("iterations", &Workload::iterations)
         .def_readwrite("deadline_hours", &Workload::deadline_hours)
-        .def_readwrite("transfer_usd_per_gb", &Workload::transfer_usd_per_gb);
+        .def_readwrite("transfer_usd_per_gb", &Workload::transfer_usd_per_gb)
+        .def_readwrite("checkpoint_gbs", &Workload::checkpoint_gbs)
+        .def_readwrite("restart_hours", &Workload::restart_hours)
+        .def_readwrite("deadline_confidence", &Workload::deadline_confidence);
 
     py::class_<StageSpec>(m, "StageSpec")
         .def(py::init<>())
@@ -158,6 +164,14 @@ void register_cost_model(py::module_& m) {
         .def_readonly("transfer_usd", &EstimateResult::transfer_usd)
         .def_readonly("total_hours", &EstimateResult::total_hours)
         .def_readonly("total_usd", &EstimateResult::total_usd)
+        .def_readonly("work_hours", &EstimateResult::work_hours)
+        .def_readonly("interruptions_per_hour", &EstimateResult::interruptions_per_hour)
+        .def_readonly("checkpoint_interval_hours", &EstimateResult::checkpoint_interval_hours)
+        .def_readonly("checkpoint_hours", &EstimateResult::checkpoint_hours)
+        .def_readonly("restart_hours", &EstimateResult::restart_hours)
+        .def_readonly("hours_at_confidence", &EstimateResult::hours_at_confidence)
+        .def_readonly("interruptions_expected", &EstimateResult::interruptions_expected)
+        .def_readonly("interruptions_at_confidence", &EstimateResult::interruptions_at_confidence)
         .def_readonly("model_flops_per_iteration", &EstimateResult::model_flops_per_iteration)
         .def_readonly("feasible", &EstimateResult::feasible)
         .def_readonly("meets_deadline", &EstimateResult::meets_deadline)
@@ -204,6 +218,21 @@ void register_cost_model(py::module_& m) {
           py::arg("params"), py::arg("work"), py::arg("tp"));
     m.def("block_bound_flops", &block_bound_flops, py::arg("model"), py::arg("params"),
           py::arg("seq_len"), py::arg("micro_batch"));
+    py::class_<SpotOutcome>(m, "SpotOutcome")
+        .def_readonly("interval_hours", &SpotOutcome::interval_hours)
+        .def_readonly("expected_hours", &SpotOutcome::expected_hours)
+        .def_readonly("hours_at_confidence", &SpotOutcome::hours_at_confidence)
+        .def_readonly("interruptions_expected", &SpotOutcome::interruptions_expected)
+        .def_readonly("interruptions_at_confidence", &SpotOutcome::interruptions_at_confidence)
+        .def_readonly("bounded", &SpotOutcome::bounded);
+    m.def("optimal_interval_hours", &optimal_interval_hours, py::arg("rate"), py::arg("checkpoint"));
+    m.def("spot_factor", &spot_factor, py::arg("rate"), py::arg("checkpoint"), py::arg("restart"));
+    m.def("spot_factor_at", &spot_factor_at, py::arg("rate"), py::arg("checkpoint"),
+          py::arg("restart"), py::arg("interval"));
+    m.def("spot_outcome", &spot_outcome, py::arg("work_hours"), py::arg("rate"),
+          py::arg("checkpoint"), py::arg("restart"), py::arg("confidence"));
+    m.def("checkpoint_hours", &checkpoint_hours, py::arg("model"), py::arg("params"),
+          py::arg("work"));
     m.def("ring_allreduce_s", &ring_allreduce_s, py::arg("bytes"), py::arg("k"), py::arg("gbs"),
           py::arg("params"));
     m.def("validate_model", [](const ModelDims& md) { validate(md); }, py::arg("model"));

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "espresso/pipeline_sim.hpp"
+#include "espresso/spot.hpp"
 
 namespace espresso {
 
@@ -192,6 +193,13 @@ void validate(const GpuSpec& g, std::size_t index) {
     }
     check_int(f + "count", g.count, 0, std::int64_t{1} << 40);
     check_int(f + "gpus_per_node", g.gpus_per_node, 1, kMaxTp);
+    if (!std::isfinite(g.interruptions_per_hour) || g.interruptions_per_hour < 0 ||
+        g.interruptions_per_hour > 1e3) {
+        bad(f + "interruptions_per_hour", g.interruptions_per_hour, "in [0, 1000] per instance-hour");
+    }
+    if (!std::isfinite(g.recovery_hours) || g.recovery_hours < 0 || g.recovery_hours > 1e4) {
+        bad(f + "recovery_hours", g.recovery_hours, "in [0, 1e4]");
+    }
     const std::pair<const char*, double> scales[] = {
         {"block_fwd_scale", g.block_fwd_scale}, {"block_bwd_scale", g.block_bwd_scale},
         {"head_fwd_scale", g.head_fwd_scale},   {"head_bwd_scale", g.head_bwd_scale},
@@ -262,6 +270,16 @@ void validate(const Workload& w) {
     if (!std::isfinite(w.transfer_usd_per_gb) || w.transfer_usd_per_gb < 0 ||
         w.transfer_usd_per_gb > 1e6) {
         bad("transfer_usd_per_gb", w.transfer_usd_per_gb, "in [0, 1e6]");
+    }
+    if (!std::isfinite(w.checkpoint_gbs) || w.checkpoint_gbs < 0 || w.checkpoint_gbs > 1e9) {
+        bad("checkpoint_gbs", w.checkpoint_gbs, "in [0, 1e9] GB/s (0: checkpoints are free)");
+    }
+    if (!std::isfinite(w.restart_hours) || w.restart_hours < 0 || w.restart_hours > 1e4) {
+        bad("restart_hours", w.restart_hours, "in [0, 1e4]");
+    }
+    if (!std::isfinite(w.deadline_confidence) || w.deadline_confidence <= 0 ||
+        w.deadline_confidence >= 1) {
+        bad("deadline_confidence", w.deadline_confidence, "in (0, 1)");
     }
 }
 
@@ -385,6 +403,12 @@ std::int64_t instances_for(const GpuSpec& g, std::int64_t gpus) {
 
 double billed_hourly(const GpuSpec& g, std::int64_t gpus) {
     return d(instances_for(g, gpus)) * d(g.gpus_per_node) * g.price_per_hour;
+}
+
+double checkpoint_hours(const ModelDims& m, const CostParams& p, const Workload& w) {
+    if (!(w.checkpoint_gbs > 0)) return 0.0;
+    const double bytes = total_params(m) * (p.bytes_per_weight + w.optimizer_bytes_per_param);
+    return bytes / (w.checkpoint_gbs * kGB) / 3600.0;
 }
 
 double boundary_gb(const ModelDims& m, const CostParams& p, const Workload& w,
@@ -755,9 +779,32 @@ EstimateResult estimate_within(const ModelDims& model, const std::vector<GpuSpec
     r.transfer_usd = work.transfer_usd_per_gb > 0
                          ? work.iterations * r.transfer_gb * work.transfer_usd_per_gb
                          : 0.0;
+    r.work_hours = r.total_hours;
+    r.hours_at_confidence = r.total_hours;
+    // Spot instances: interruptions, checkpoints and restarts (docs/cost-model.md, "Spot
+    // capacity"). A restart waits for the slowest replacement among the plan's spot offers.
+    double recovery = 0;
+    for (std::size_t g = 0; g < gpus.size(); ++g) {
+        if (r.instances[g] > 0 && gpus[g].interruptions_per_hour > 0) {
+            r.interruptions_per_hour += d(r.instances[g]) * gpus[g].interruptions_per_hour;
+            recovery = std::max(recovery, gpus[g].recovery_hours);
+        }
+    }
+    if (r.interruptions_per_hour > 0) {
+        r.checkpoint_hours = checkpoint_hours(model, params, work);
+        r.restart_hours = recovery + work.restart_hours + r.checkpoint_hours;
+        const SpotOutcome o = spot_outcome(r.work_hours, r.interruptions_per_hour,
+                                           r.checkpoint_hours, r.restart_hours,
+                                           work.deadline_confidence);
+        r.checkpoint_interval_hours = o.interval_hours;
+        r.total_hours = o.expected_hours;
+        r.hours_at_confidence = o.hours_at_confidence;
+        r.interruptions_expected = o.interruptions_expected;
+        r.interruptions_at_confidence = o.interruptions_at_confidence;
+    }
     r.total_usd = r.hourly_usd * r.total_hours + r.transfer_usd;
     r.feasible = r.issues.empty();
-    r.meets_deadline = r.total_hours <= work.deadline_hours;
+    r.meets_deadline = r.hours_at_confidence <= work.deadline_hours;
     return r;
 }
 

@@ -45,6 +45,10 @@ struct GpuSpec {
     double price_per_hour = 0;      // USD per GPU-hour (an instance's price / gpus_per_node)
     std::int64_t count = 0;         // availability, GPUs (whole instances: a multiple of the node)
     std::int64_t gpus_per_node = 1; // GPUs per instance; a plan rents whole instances
+    // Spot market (0: on-demand): interruptions per instance-hour, and the hours until a
+    // reclaimed instance is replaced (docs/cost-model.md, "Spot capacity").
+    double interruptions_per_hour = 0;
+    double recovery_hours = 0;
     // Measured profile (espresso.profile), as factors on the analytic model: a block's
     // forward and backward compute time, the head's, and a block's stashed activations.
     // 1: analytic. profile_min_time_scale() is the least of the four time factors.
@@ -105,6 +109,13 @@ struct Workload {
     // USD per GB sent between pipeline stages (0: none). Set for plans whose instances
     // span zones or regions; every stage boundary is charged (docs/catalog.md, "Scopes").
     double transfer_usd_per_gb = 0;
+    // Spot plans (docs/cost-model.md, "Spot capacity"): the aggregate bandwidth at which the
+    // model and optimizer states are written to and read back from durable storage (GB/s;
+    // 0: free), the restart overhead besides new capacity and the read (hours), and the
+    // probability with which the deadline must hold.
+    double checkpoint_gbs = 0;
+    double restart_hours = 0;
+    double deadline_confidence = 0.9;
 };
 
 struct StageSpec {
@@ -170,8 +181,20 @@ struct EstimateResult {
     double hourly_usd = 0;                 // whole instances
     double transfer_gb = 0;                // per iteration, charged at transfer_usd_per_gb
     double transfer_usd = 0;               // over the job
-    double total_hours = 0;
+    double total_hours = 0;                // expected, interruptions included
     double total_usd = 0;
+    // Spot (all equal to the plain figures, and 0, without spot instances): the hours of
+    // work alone, the plan's interruption rate, the checkpoint interval and write time, a
+    // restart's hours, the hours that hold at work.deadline_confidence and the
+    // interruptions counted there (the quantile), and the expected interruptions.
+    double work_hours = 0;
+    double interruptions_per_hour = 0;
+    double checkpoint_interval_hours = 0;
+    double checkpoint_hours = 0;
+    double restart_hours = 0;
+    double hours_at_confidence = 0;
+    double interruptions_expected = 0;
+    std::int64_t interruptions_at_confidence = 0;
     double model_flops_per_iteration = 0;  // 6*N*T style count without recomputation
     bool feasible = true;
     bool meets_deadline = true;
@@ -240,6 +263,9 @@ double dp_link_gbs(const GpuSpec& g, std::int64_t dp, std::int64_t tp);
 double billed_hourly(const GpuSpec& g, std::int64_t gpus);
 // Whole instances that hold `gpus` GPUs of `g`.
 std::int64_t instances_for(const GpuSpec& g, std::int64_t gpus);
+// Spot plans: hours to write (and to read back) one checkpoint of the model and optimizer
+// states (every parameter's weight and optimizer bytes) at work.checkpoint_gbs; 0 when free.
+double checkpoint_hours(const ModelDims& m, const CostParams& p, const Workload& w);
 // GB sent between the pipeline stages of one iteration (both directions, every replica).
 double boundary_gb(const ModelDims& m, const CostParams& p, const Workload& w,
                    std::int64_t num_stages);

@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "espresso/pipeline_sim.hpp"
+#include "espresso/spot.hpp"
 
 namespace espresso {
 
@@ -54,6 +55,7 @@ struct Node {
     bool tensor_parallel = false;  // some stage has tp > 1 (its forward carries TP all-reduces)
     double sum_bw = 0;       // per replica: sum over stages of tp * DP link GB/s
     double sum_hbm = 0;      // per replica: sum over stages of tp * memory GB/s
+    double spot_rate = 0;    // interruptions per hour of the node's spot instances (all replicas)
     double ext_lb = kInf;    // ext_bound, computed once
     bool full = false;       // ext_lb includes the completion time bound (else FLOP/s only)
     std::vector<Choice> choices;
@@ -223,6 +225,15 @@ private:
             if (ga.intra_node_gbs != gb.intra_node_gbs) return ga.intra_node_gbs > gb.intra_node_gbs;
             return ga.gpus_per_node > gb.gpus_per_node;
         });
+        // Spot rows: a node's expected hours are at least its hours of work times
+        // spot_factor() at its own interruption rate, the checkpoint time and the least
+        // restart any spot row allows (docs/search.md, "Spot").
+        checkpoint_h_ = checkpoint_hours(model_, params_, job_);
+        restart_min_h_ = kInf;
+        for (const GpuSpec& g : gpus_) {
+            if (g.interruptions_per_hour > 0) restart_min_h_ = std::min(restart_min_h_, g.recovery_hours);
+        }
+        restart_min_h_ = std::isfinite(restart_min_h_) ? restart_min_h_ + job_.restart_hours + checkpoint_h_ : 0.0;
         suffix_min_rate_.assign(order_.size() + 1, kInf);
         suffix_min_price_.assign(order_.size() + 1, kInf);
         for (std::size_t p = order_.size(); p-- > 0;) {
@@ -255,7 +266,12 @@ private:
                cap_[static_cast<std::size_t>(i)] >= cap_[static_cast<std::size_t>(j)] &&
                a.mem_bandwidth_gbs >= b.mem_bandwidth_gbs && a.intra_node_gbs >= b.intra_node_gbs &&
                a.inter_node_gbs >= b.inter_node_gbs && a.intra_node_gbs >= b.inter_node_gbs &&
-               a.gpus_per_node >= b.gpus_per_node;
+               a.gpus_per_node >= b.gpus_per_node &&
+               // Spot: no more interruptions per instance (a holds b's GPUs in no more
+               // instances) and no slower recovery, unless a is on-demand.
+               (a.interruptions_per_hour == 0 ||
+                (a.interruptions_per_hour <= b.interruptions_per_hour &&
+                 a.recovery_hours <= b.recovery_hours));
         // Prices are compared where a node adds b (make_child): whole instances make the
         // cost of moving b's GPUs onto a depend on how many a already has.
     }
@@ -718,12 +734,14 @@ private:
         // Iteration time at least: the average-rate bound, or M times the bottleneck.
         const double M = d(c.work.num_microbatches);
         const double sync = sync_bound(c, n.sum_bw, n.sum_hbm);
+        const double spot = spot_lb(n.spot_rate);
         auto objective = [&](double t_iter) {
-            const double hours = job_.iterations * t_iter / 3600.0;
+            const double work = job_.iterations * t_iter / 3600.0;
             if (opt_.enforce_deadline && opt_.prune_deadline &&
-                hours > job_.deadline_hours * (1 + kSlack)) {
+                work > job_.deadline_hours * (1 + kSlack)) {
                 return kInf;
             }
+            const double hours = work * spot;  // expected, interruptions included
             const double usd = hours * d(c.work.dp) * n.price;
             if (opt_.objective == Objective::Cost) return usd;
             if (usd > opt_.budget_usd * (1 + kSlack)) return kInf;
@@ -777,21 +795,26 @@ private:
         // The iteration time at which the checks below cut the node (a little beyond, so
         // that a bound stopped there is cut whatever the rounding).
         const double price = d(c.work.dp) * (n.price + suffix_min_price_[p]);
-        double cut_hours = kInf;
-        if (opt_.enforce_deadline && opt_.prune_deadline) cut_hours = job_.deadline_hours;
+        // Completions only add instances: their expected hours per hour of work are at least
+        // the node's spot factor. The deadline holds for the work alone at least.
+        const double spot = spot_lb(n.spot_rate);
+        double cut_hours = kInf;  // expected hours
         if (opt_.objective == Objective::Cost) {
             if (opt_.prune_cost && price > 0) cut_hours = std::min(cut_hours, thr / price);
         } else {
             if (opt_.prune_cost) cut_hours = std::min(cut_hours, thr);
             if (price > 0) cut_hours = std::min(cut_hours, opt_.budget_usd / price);
         }
-        const double target = cut_hours * (1 + 2 * kSlack) * 3600.0 / job_.iterations;
+        double cut_work = cut_hours / spot;
+        if (opt_.enforce_deadline && opt_.prune_deadline) cut_work = std::min(cut_work, job_.deadline_hours);
+        const double target = cut_work * (1 + 2 * kSlack) * 3600.0 / job_.iterations;
         const double t_iter = ext_time_bound(n, c, std::isfinite(target) ? target : kInf);
         if (!std::isfinite(t_iter)) return kInf;
-        const double hours = job_.iterations * t_iter / 3600.0;
-        if (opt_.enforce_deadline && opt_.prune_deadline && hours > job_.deadline_hours * (1 + kSlack)) {
+        const double work = job_.iterations * t_iter / 3600.0;
+        if (opt_.enforce_deadline && opt_.prune_deadline && work > job_.deadline_hours * (1 + kSlack)) {
             return kInf;
         }
+        const double hours = work * spot;
         // A completion pays at least the node's GPUs and the cheapest later one for `hours`.
         const double usd = hours * price;
         if (opt_.objective == Objective::Cost) return std::max(by_rate, usd);
@@ -1402,6 +1425,9 @@ private:
         // The type's count is final below this node: its whole instances are exact.
         ch.price = node.price +
                    billed_hourly(gpus_[st], c.work.dp * gpus_per_replica) / d(c.work.dp);
+        ch.spot_rate = node.spot_rate +
+                       d(instances_for(gpus_[st], c.work.dp * gpus_per_replica)) *
+                           gpus_[st].interruptions_per_hour;
         ch.rate = node.rate + d(gpus_per_replica) * rate_[st];
         ch.cap = node.cap + d(gpus_per_replica) * cap_[st];
         ch.block_rate = node.block_rate;
@@ -1470,10 +1496,13 @@ private:
             for (std::int32_t k = 0; k < ch.count; ++k) groups.push_back({local_t, ch.tp});
         }
         const double hourly = d(c.work.dp) * node.price;
-        const double iters = job_.iterations;
+        // Expected hours are the hours of work times at least `spot` (exactly the factor of
+        // the placement's own checkpoint interval, which estimate() applies).
+        const double spot = spot_lb(node.spot_rate);
+        const double iters = job_.iterations * spot;
         PlaceOptions po = opt_.placer;
         double cutoff = kInf;
-        if (opt_.enforce_deadline) cutoff = job_.deadline_hours * 3600.0 / iters;
+        if (opt_.enforce_deadline) cutoff = job_.deadline_hours * 3600.0 / job_.iterations;
         if (opt_.objective == Objective::Cost) {
             if (hourly > 0) cutoff = std::min(cutoff, thr * 3600.0 / (hourly * iters));
         } else {
@@ -1530,6 +1559,13 @@ private:
     const Workload& job_;
     const SearchOptions& opt_;
     std::vector<double> rate_, cap_, suffix_min_rate_, suffix_min_price_;
+    double checkpoint_h_ = 0;   // hours to write one checkpoint (spot plans)
+    double restart_min_h_ = 0;  // the least restart of any spot row (its recovery, the restart, the read)
+    // The least expected hours per hour of work of a plan with `rate` interruptions per
+    // hour or more (1 without spot instances).
+    double spot_lb(double rate) const {
+        return rate > 0 ? spot_factor(rate, checkpoint_h_, restart_min_h_) : 1.0;
+    }
     bool time_only_ = false;       // time objective without a budget: prices play no part
     double bwd_fwd_ratio_ = 1.0;   // least profile backward/forward ratio (1: analytic)
     double min_act_scale_ = 1.0;   // least profile activation factor, at most 1
