@@ -20,7 +20,7 @@ from .errors import (
     SpecError,
 )
 from .estimate import estimate
-from .estimate_result import Estimate, StageEstimate
+from .estimate_result import Estimate, SpotEstimate, StageEstimate
 from .job import Job
 from .model import ModelSpec
 from .plan import Plan, Stage
@@ -52,6 +52,7 @@ __all__ = [
     "SearchResult",
     "SearchStats",
     "SpecError",
+    "SpotEstimate",
     "Stage",
     "StageEstimate",
     "estimate",

@@ -81,6 +81,8 @@ class CostParams:
     link_latency_s: float
     optimizer_step_bytes_per_param: float
     memory_bandwidth_efficiency: float
+    checkpoint_gbs: float
+    restart_hours: float
     def __init__(self) -> None: ...
 
 class Workload:
@@ -98,8 +100,6 @@ class Workload:
     iterations: float
     deadline_hours: float
     transfer_usd_per_gb: float
-    checkpoint_gbs: float
-    restart_hours: float
     deadline_confidence: float
     def __init__(self) -> None: ...
 

@@ -22,6 +22,9 @@ from . import _validate as v
 from ._native import core
 from .errors import CatalogError
 
+MARKETS = ("on-demand", "spot")
+"""How a row's instances are bought."""
+
 _REQUIRED = (
     "name",
     "memory_gb",
@@ -81,6 +84,15 @@ class GpuType:
     network_source: str | None = None
     """Where the inter-instance network figure comes from (``assumption`` when no public
     source states it)."""
+    market: str = "on-demand"
+    """``on-demand`` or ``spot``. A spot row's ``price_per_hour`` is the spot price; its
+    instances may be reclaimed (:mod:`espresso.cloud.spot` adds spot rows to a catalog)."""
+    interruptions_per_hour: float | None = None
+    """Interruptions per instance-hour; ``None``: the provider's default for a spot row
+    (espresso.cloud.spot.SPOT_DEFAULTS), 0 for an on-demand one."""
+    recovery_hours: float | None = None
+    """Hours until a reclaimed instance of this row is replaced; ``None``: the provider's
+    default for a spot row."""
 
     def __post_init__(self) -> None:
         err = CatalogError
@@ -129,6 +141,11 @@ class GpuType:
         set_(self, "zones", tuple(v.string(f"{where}: zones[]", z, err=err) for z in zones))
         if self.vendor is None:
             set_(self, "vendor", _default_vendor(self.model))
+        set_(self, "market", v.choice(f"{where}: market", self.market, MARKETS, err=err))
+        for f, top in (("interruptions_per_hour", 1e3), ("recovery_hours", 1e4)):
+            if getattr(self, f) is not None:
+                set_(self, f, v.number(f"{where}: {f}", getattr(self, f), minimum=0,
+                                       maximum=top, err=err))
 
     @property
     def model(self) -> str:
@@ -167,6 +184,8 @@ class GpuType:
         out["zones"] = list(self.zones)
         if out["vendor"] == _default_vendor(self.model):
             out["vendor"] = None
+        if out["market"] == "on-demand":
+            out["market"] = None
         return {k: val for k, val in out.items() if val is not None and val != []}
 
     def _spec(self) -> Any:
@@ -181,7 +200,37 @@ class GpuType:
         g.price_per_hour = self.price_per_hour
         g.count = self.count
         g.gpus_per_node = self.gpus_per_node
+        g.interruptions_per_hour = self.interruption_rate
+        g.recovery_hours = self.recovery
         return g
+
+    @property
+    def is_spot(self) -> bool:
+        """Instances of this row may be reclaimed (a spot row, or a rate given)."""
+        return self.interruption_rate > 0
+
+    @property
+    def interruption_rate(self) -> float:
+        """Interruptions per instance-hour: the row's own, else the provider's spot default
+        for a spot row, else 0."""
+        if self.interruptions_per_hour is not None:
+            return self.interruptions_per_hour
+        if self.market != "spot":
+            return 0.0
+        from .cloud.spot import spot_defaults
+
+        return spot_defaults(self.provider).interruptions_per_hour
+
+    @property
+    def recovery(self) -> float:
+        """Hours to replace a reclaimed instance (the row's own or the provider's default)."""
+        if self.recovery_hours is not None:
+            return self.recovery_hours
+        if self.market != "spot" and self.interruptions_per_hour is None:
+            return 0.0
+        from .cloud.spot import spot_defaults
+
+        return spot_defaults(self.provider).recovery_hours
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -67,6 +67,13 @@ class CostParams:
     (14 B), write master, m, v and bf16 weight (14 B)."""
     memory_bandwidth_efficiency: float = 0.8
     """Achieved fraction of device-memory bandwidth in the optimizer step."""
+    checkpoint_gbs: float = 2.0
+    """Plans with spot instances: aggregate GB/s at which the model and optimizer states are
+    written to durable storage and read back on a restart (0: free). An assumption, not a
+    measurement: set it to what your storage sustains (docs/cost-model.md, "Spot capacity")."""
+    restart_hours: float = 0.05
+    """Plans with spot instances: a restart's hours besides new capacity and reading the
+    checkpoint (processes, rendezvous, warm-up); an assumption (3 minutes)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

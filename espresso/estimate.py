@@ -9,7 +9,7 @@ from .catalog import Catalog
 from .cloud.domains import apply_crossing
 from .cost import CostParams
 from .errors import PlanError, SpecError
-from .estimate_result import GB, Estimate, StageEstimate
+from .estimate_result import GB, Estimate, SpotEstimate, StageEstimate
 from .job import Job
 from .profile import apply_profiles, as_profiles
 
@@ -39,10 +39,25 @@ def _workload(plan: Plan) -> Any:
     w.optimizer_bytes_per_param = job.optimizer_state_bytes
     w.iterations = float(job.num_iterations)
     w.deadline_hours = job.deadline_hours
+    w.deadline_confidence = job.deadline_confidence
     dom = plan.domain or {}
     if dom.get("spans"):
         w.transfer_usd_per_gb = float(dom.get("transfer_usd_per_gb", 0.0))
     return w
+
+
+def _spot(res: Any, job: Job) -> SpotEstimate | None:
+    """The spot terms of a core estimate (``None`` without spot instances)."""
+    if res.interruptions_per_hour <= 0:
+        return None
+    return SpotEstimate(
+        interruptions_per_hour=res.interruptions_per_hour,
+        checkpoint_interval_hours=res.checkpoint_interval_hours,
+        checkpoint_hours=res.checkpoint_hours, restart_hours=res.restart_hours,
+        work_hours=res.work_hours, expected_hours=res.total_hours,
+        hours_at_confidence=res.hours_at_confidence, confidence=job.deadline_confidence,
+        interruptions_expected=res.interruptions_expected,
+        interruptions_at_confidence=int(res.interruptions_at_confidence))
 
 
 def rent_list(rows: list[Any], gpus_used: list[int],
@@ -56,7 +71,8 @@ def rent_list(rows: list[Any], gpus_used: list[int],
         out.append({"offer": g.name, "provider": g.provider, "region": g.region,
                     "instance_type": g.instance_label, "gpu": g.model, "instances": int(inst),
                     "gpus": gpus, "idle_gpus": gpus - int(used),
-                    "hourly_usd": int(inst) * g.instance_price_per_hour})
+                    "hourly_usd": int(inst) * g.instance_price_per_hour,
+                    **({"market": "spot"} if g.is_spot else {})})
     return tuple(out)
 
 
@@ -246,4 +262,5 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
         transfer_gb=res.transfer_gb,
         transfer_usd=res.transfer_usd,
         rent=rent_list(rows, list(res.gpus_used), list(res.instances)),
+        spot=_spot(res, job),
     )

@@ -62,6 +62,42 @@ class StageEstimate:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SpotEstimate:
+    """What interruptions do to a plan with spot instances (docs/cost-model.md, "Spot
+    capacity"). ``Estimate.total_hours`` and ``total_usd`` are the expected figures."""
+
+    interruptions_per_hour: float
+    """The plan's interruption rate: the sum over its spot instances."""
+    checkpoint_interval_hours: float
+    """Hours of work between checkpoints (the interval that minimises the expected time;
+    Young's sqrt(2 C / rate) to first order)."""
+    checkpoint_hours: float
+    """Hours to write one checkpoint (model and optimizer states at
+    ``cost_model.checkpoint_gbs``)."""
+    restart_hours: float
+    """Hours from an interruption until work resumes: new capacity, restart, the read."""
+    work_hours: float
+    """Hours of training alone, as an on-demand plan would take."""
+    expected_hours: float
+    hours_at_confidence: float
+    """Hours that hold with probability ``confidence`` (``inf``: none holds)."""
+    confidence: float
+    interruptions_expected: float
+    interruptions_at_confidence: int
+    """Interruptions counted in ``hours_at_confidence`` (-1: none bounds it)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SpotEstimate:
+        data = dict(v.mapping("estimate.spot", data, err=PlanError))
+        names = [f.name for f in fields(cls)]
+        v.known_keys("estimate.spot", data, names, names, err=PlanError)
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Estimate:
     """What a plan costs and whether it works. ``reasons`` explains infeasibility."""
 
@@ -106,7 +142,10 @@ class Estimate:
     """Data-transfer charges over the job (included in ``total_usd``)."""
     rent: tuple[dict[str, Any], ...] = ()
     """What to rent: per catalog row, ``{offer, provider, region, instance_type, gpu,
-    instances, gpus, idle_gpus, hourly_usd}``."""
+    instances, gpus, idle_gpus, hourly_usd}``, and ``market: spot`` for spot rows."""
+    spot: SpotEstimate | None = None
+    """Interruptions, checkpoints and the deadline at confidence, for a plan with spot
+    instances (``None`` without)."""
 
     @property
     def bottleneck(self) -> StageEstimate:
@@ -120,6 +159,10 @@ class Estimate:
                 val = [s.to_dict() for s in val]
             elif f.name == "rent":
                 val = [dict(r) for r in val]
+            elif f.name == "spot":
+                if val is None:
+                    continue
+                val = val.to_dict()
             elif isinstance(val, tuple):
                 val = list(val)
             elif isinstance(val, dict):
@@ -131,11 +174,13 @@ class Estimate:
     def from_dict(cls, data: Any) -> Estimate:
         data = dict(v.mapping("estimate", data, err=PlanError))
         names = [f.name for f in fields(cls)]
-        optional = ("instances", "idle_gpus", "transfer_gb", "transfer_usd", "rent")
+        optional = ("instances", "idle_gpus", "transfer_gb", "transfer_usd", "rent", "spot")
         v.known_keys("estimate", data, names, [n for n in names if n not in optional],
                      err=PlanError)
         data["stages"] = tuple(StageEstimate.from_dict(s) for s in data["stages"])
         data["rent"] = tuple(dict(r) for r in data.get("rent", ()))
+        if data.get("spot") is not None:
+            data["spot"] = SpotEstimate.from_dict(data["spot"])
         for key in ("stage_time_s", "stage_memory_gb", "reasons"):
             data[key] = tuple(data[key])
         return cls(**data)

@@ -25,7 +25,10 @@ DEFAULT_GLOBAL_BATCH_SIZE = 512
 """Sequences per optimizer step when a job does not give them."""
 
 _FIELDS = ("model", "seq_len", "global_batch_size", "tokens", "iterations", "deadline_hours",
-           "optimizer")
+           "optimizer", "deadline_confidence")
+
+DEFAULT_DEADLINE_CONFIDENCE = 0.9
+"""Probability with which a plan with spot instances must meet the deadline."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,6 +49,10 @@ class Job:
     """Optimizer steps; give this or ``tokens``."""
     optimizer: str = "adam"
     """``adam``/``adamw`` (12 state bytes per parameter) or ``sgd`` (8)."""
+    deadline_confidence: float = DEFAULT_DEADLINE_CONFIDENCE
+    """Plans with spot instances: the probability with which the deadline must hold, over the
+    number of interruptions (docs/cost-model.md, "Spot capacity"); in (0, 1), default 0.9.
+    On-demand plans meet it or not for sure."""
 
     def __post_init__(self) -> None:
         err = JobError
@@ -75,6 +82,12 @@ class Job:
                            err=err))
         set_(self, "optimizer",
              v.choice("job.optimizer", self.optimizer, OPTIMIZER_STATE_BYTES, err=err))
+        conf = v.number("job.deadline_confidence", self.deadline_confidence, err=err)
+        if not 0 < conf < 1:
+            msg = (f"job.deadline_confidence: expected a probability in (0, 1), e.g. 0.9, "
+                   f"got {self.deadline_confidence!r}")
+            raise JobError(msg)
+        set_(self, "deadline_confidence", conf)
 
     @property
     def num_iterations(self) -> int:
@@ -126,6 +139,8 @@ class Job:
             out["iterations"] = self.iterations
         out["deadline_hours"] = self.deadline_hours
         out["optimizer"] = self.optimizer
+        if self.deadline_confidence != DEFAULT_DEADLINE_CONFIDENCE:
+            out["deadline_confidence"] = self.deadline_confidence
         return out
 
     @classmethod

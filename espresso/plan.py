@@ -43,16 +43,20 @@ class Stage:
     embedding; the last stage the final norm, LM head and loss."""
 
     offer: str | None = None
-    """The catalog offer the stage rents (``provider/region/instance_type``); ``None`` for
-    a plain GPU-type catalog."""
+    """The catalog offer the stage rents (``provider/region/instance_type``, with ``:spot``
+    on the spot market), or ``<gpu>:spot`` for a plain GPU type bought on the spot market;
+    ``None`` for a plain GPU-type row."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "gpu", v.string("stage.gpu", self.gpu, err=PlanError))
         if self.offer is not None:
             offer = v.string("stage.offer", self.offer, err=PlanError)
-            if len(offer.split("/")) != 3 or not all(offer.split("/")):
-                msg = (f"stage.offer: expected provider/region/instance_type, got {offer!r}")
+            parts = offer.removesuffix(":spot").split("/")
+            plain_spot = offer == f"{self.gpu}:spot"
+            if not plain_spot and (len(parts) != 3 or not all(parts)):
+                msg = (f"stage.offer: expected provider/region/instance_type (`:spot` on the "
+                       f"spot market) or {self.gpu}:spot, got {offer!r}")
                 raise PlanError(msg)
             set_(self, "offer", offer)
         set_(self, "tp", v.integer("stage.tp", self.tp, minimum=1, maximum=1024, err=PlanError))
@@ -76,8 +80,16 @@ class Stage:
         data = dict(data)
         if isinstance(data.get("offer"), dict):
             off = data["offer"]
-            v.known_keys(f"stages[{index}].offer", off, _OFFER_KEYS, _OFFER_KEYS, err=PlanError)
-            data["offer"] = "/".join(str(off[k]) for k in _OFFER_KEYS)
+            where = f"stages[{index}].offer"
+            v.known_keys(where, off, (*_OFFER_KEYS, "market"), (), err=PlanError)
+            market = v.choice(f"{where}.market", off.get("market", "on-demand"),
+                              ("on-demand", "spot"), err=PlanError)
+            suffix = ":spot" if market == "spot" else ""
+            if market == "spot" and not any(k in off for k in _OFFER_KEYS):
+                data["offer"] = f"{data.get('gpu')}{suffix}"  # a plain GPU type, spot
+            else:
+                v.known_keys(where, off, (*_OFFER_KEYS, "market"), _OFFER_KEYS, err=PlanError)
+                data["offer"] = "/".join(str(off[k]) for k in _OFFER_KEYS) + suffix
         try:
             return cls(**data)
         except PlanError as exc:
@@ -87,12 +99,24 @@ class Stage:
     @property
     def instance_type(self) -> str | None:
         """The instance type of the offer (``p4d.24xlarge``), ``None`` without one."""
-        return self.offer.split("/")[-1] if self.offer is not None else None
+        if self.offer is None or "/" not in self.offer:
+            return None
+        return self.offer.removesuffix(":spot").split("/")[-1]
+
+    @property
+    def market(self) -> str:
+        """``spot`` when the stage's instances are bought on the spot market."""
+        return "spot" if self.offer is not None and self.offer.endswith(":spot") else "on-demand"
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"gpu": self.gpu, "tp": self.tp, "layers": list(self.layers)}
         if self.offer is not None:
-            out["offer"] = dict(zip(_OFFER_KEYS, self.offer.split("/"), strict=True))
+            key = self.offer.removesuffix(":spot")
+            off: dict[str, Any] = (dict(zip(_OFFER_KEYS, key.split("/"), strict=True))
+                                   if "/" in key else {})
+            if self.market == "spot":
+                off["market"] = "spot"
+            out["offer"] = off
         return out
 
 

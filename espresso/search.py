@@ -205,6 +205,7 @@ def _job_workload(job: Job, sp: Subproblem | None = None, *,
     w.optimizer_bytes_per_param = job.optimizer_state_bytes
     w.iterations = float(job.num_iterations)
     w.deadline_hours = job.deadline_hours
+    w.deadline_confidence = job.deadline_confidence
     w.micro_batch_size = 1
     w.num_microbatches = 1
     w.dp = 1
@@ -230,7 +231,9 @@ _NAMES: dict[Any, str] = {**{c: n for n, c in RECOMPUTE_CORE.items()},
 
 
 def _stage(row: GpuType, tp: int, layers: tuple[int, int]) -> Stage:
-    return Stage(gpu=row.model, tp=tp, layers=layers, offer=row.name if row.provider else None)
+    # A row whose name is not its GPU (an offer, a spot row) is named by the stage's offer.
+    return Stage(gpu=row.model, tp=tp, layers=layers,
+                 offer=row.name if row.provider or row.name != row.model else None)
 
 
 def _to_plan(sp: Any, job: Job, catalog: Catalog, rows: Sequence[GpuType], cost: CostParams,
@@ -753,7 +756,7 @@ def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
                f"{job.model.name} in memory with dp {dp}, micro-batch {micro_batch_size}, "
                f"recompute {recompute}")
         raise InfeasibleError(msg)
-    stages = tuple(Stage(gpu=names[s.gpu], tp=s.tp, layers=(s.layer_begin, s.layer_end))
+    stages = tuple(_stage(catalog[names[s.gpu]], s.tp, (s.layer_begin, s.layer_end))
                    for s in res.stages)
     out = Plan(job=job, stages=stages, dp=dp, micro_batch_size=micro_batch_size,
                num_microbatches=probe.num_microbatches, recompute=probe.recompute,

@@ -87,7 +87,9 @@ void register_cost_model(py::module_& m) {
         .def_readwrite("link_efficiency", &CostParams::link_efficiency)
         .def_readwrite("link_latency_s", &CostParams::link_latency_s)
         .def_readwrite("optimizer_step_bytes_per_param", &CostParams::optimizer_step_bytes_per_param)
-        .def_readwrite("memory_bandwidth_efficiency", &CostParams::memory_bandwidth_efficiency);
+        .def_readwrite("memory_bandwidth_efficiency", &CostParams::memory_bandwidth_efficiency)
+        .def_readwrite("checkpoint_gbs", &CostParams::checkpoint_gbs)
+        .def_readwrite("restart_hours", &CostParams::restart_hours);
 
     py::class_<Workload>(m, "Workload")
         .def(py::init<>())
@@ -105,8 +107,6 @@ void register_cost_model(py::module_& m) {
         .def_readwrite("iterations", &Workload::iterations)
         .def_readwrite("deadline_hours", &Workload::deadline_hours)
         .def_readwrite("transfer_usd_per_gb", &Workload::transfer_usd_per_gb)
-        .def_readwrite("checkpoint_gbs", &Workload::checkpoint_gbs)
-        .def_readwrite("restart_hours", &Workload::restart_hours)
         .def_readwrite("deadline_confidence", &Workload::deadline_confidence);
 
     py::class_<StageSpec>(m, "StageSpec")

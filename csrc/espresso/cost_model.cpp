@@ -237,6 +237,12 @@ void validate(const CostParams& p) {
     check_nonneg("cost_model.link_latency_s", p.link_latency_s);
     check_nonneg("cost_model.optimizer_step_bytes_per_param", p.optimizer_step_bytes_per_param);
     check_fraction("cost_model.memory_bandwidth_efficiency", p.memory_bandwidth_efficiency, false);
+    if (!std::isfinite(p.checkpoint_gbs) || p.checkpoint_gbs < 0 || p.checkpoint_gbs > 1e9) {
+        bad("cost_model.checkpoint_gbs", p.checkpoint_gbs, "in [0, 1e9] GB/s (0: checkpoints are free)");
+    }
+    if (!std::isfinite(p.restart_hours) || p.restart_hours < 0 || p.restart_hours > 1e4) {
+        bad("cost_model.restart_hours", p.restart_hours, "in [0, 1e4] hours");
+    }
 }
 
 void validate(const Workload& w) {
@@ -270,12 +276,6 @@ void validate(const Workload& w) {
     if (!std::isfinite(w.transfer_usd_per_gb) || w.transfer_usd_per_gb < 0 ||
         w.transfer_usd_per_gb > 1e6) {
         bad("transfer_usd_per_gb", w.transfer_usd_per_gb, "in [0, 1e6]");
-    }
-    if (!std::isfinite(w.checkpoint_gbs) || w.checkpoint_gbs < 0 || w.checkpoint_gbs > 1e9) {
-        bad("checkpoint_gbs", w.checkpoint_gbs, "in [0, 1e9] GB/s (0: checkpoints are free)");
-    }
-    if (!std::isfinite(w.restart_hours) || w.restart_hours < 0 || w.restart_hours > 1e4) {
-        bad("restart_hours", w.restart_hours, "in [0, 1e4]");
     }
     if (!std::isfinite(w.deadline_confidence) || w.deadline_confidence <= 0 ||
         w.deadline_confidence >= 1) {
@@ -406,9 +406,9 @@ double billed_hourly(const GpuSpec& g, std::int64_t gpus) {
 }
 
 double checkpoint_hours(const ModelDims& m, const CostParams& p, const Workload& w) {
-    if (!(w.checkpoint_gbs > 0)) return 0.0;
+    if (!(p.checkpoint_gbs > 0)) return 0.0;
     const double bytes = total_params(m) * (p.bytes_per_weight + w.optimizer_bytes_per_param);
-    return bytes / (w.checkpoint_gbs * kGB) / 3600.0;
+    return bytes / (p.checkpoint_gbs * kGB) / 3600.0;
 }
 
 double boundary_gb(const ModelDims& m, const CostParams& p, const Workload& w,
@@ -792,7 +792,7 @@ EstimateResult estimate_within(const ModelDims& model, const std::vector<GpuSpec
     }
     if (r.interruptions_per_hour > 0) {
         r.checkpoint_hours = checkpoint_hours(model, params, work);
-        r.restart_hours = recovery + work.restart_hours + r.checkpoint_hours;
+        r.restart_hours = recovery + params.restart_hours + r.checkpoint_hours;
         const SpotOutcome o = spot_outcome(r.work_hours, r.interruptions_per_hour,
                                            r.checkpoint_hours, r.restart_hours,
                                            work.deadline_confidence);

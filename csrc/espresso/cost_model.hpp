@@ -87,6 +87,11 @@ struct CostParams {
     double link_latency_s = 1e-5;             // per message
     double optimizer_step_bytes_per_param = 28.0;  // memory traffic of one Adam step
     double memory_bandwidth_efficiency = 0.8;
+    // Spot plans (docs/cost-model.md, "Spot capacity"): the aggregate GB/s at which the model
+    // and optimizer states are written to (and read back from) durable storage (0: free),
+    // and a restart's hours besides new capacity and the read (processes, rendezvous).
+    double checkpoint_gbs = 2.0;
+    double restart_hours = 0.05;
 };
 
 // What the plan runs: batch shape, parallelism that is not per stage, the job.
@@ -109,12 +114,8 @@ struct Workload {
     // USD per GB sent between pipeline stages (0: none). Set for plans whose instances
     // span zones or regions; every stage boundary is charged (docs/catalog.md, "Scopes").
     double transfer_usd_per_gb = 0;
-    // Spot plans (docs/cost-model.md, "Spot capacity"): the aggregate bandwidth at which the
-    // model and optimizer states are written to and read back from durable storage (GB/s;
-    // 0: free), the restart overhead besides new capacity and the read (hours), and the
-    // probability with which the deadline must hold.
-    double checkpoint_gbs = 0;
-    double restart_hours = 0;
+    // Spot plans (docs/cost-model.md, "Spot capacity"): the probability with which the
+    // deadline must hold.
     double deadline_confidence = 0.9;
 };
 
@@ -264,7 +265,7 @@ double billed_hourly(const GpuSpec& g, std::int64_t gpus);
 // Whole instances that hold `gpus` GPUs of `g`.
 std::int64_t instances_for(const GpuSpec& g, std::int64_t gpus);
 // Spot plans: hours to write (and to read back) one checkpoint of the model and optimizer
-// states (every parameter's weight and optimizer bytes) at work.checkpoint_gbs; 0 when free.
+// states (every parameter's weight and optimizer bytes) at p.checkpoint_gbs; 0 when free.
 double checkpoint_hours(const ModelDims& m, const CostParams& p, const Workload& w);
 // GB sent between the pipeline stages of one iteration (both directions, every replica).
 double boundary_gb(const ModelDims& m, const CostParams& p, const Workload& w,

@@ -233,7 +233,7 @@ private:
         for (const GpuSpec& g : gpus_) {
             if (g.interruptions_per_hour > 0) restart_min_h_ = std::min(restart_min_h_, g.recovery_hours);
         }
-        restart_min_h_ = std::isfinite(restart_min_h_) ? restart_min_h_ + job_.restart_hours + checkpoint_h_ : 0.0;
+        restart_min_h_ = std::isfinite(restart_min_h_) ? restart_min_h_ + params_.restart_hours + checkpoint_h_ : 0.0;
         suffix_min_rate_.assign(order_.size() + 1, kInf);
         suffix_min_price_.assign(order_.size() + 1, kInf);
         for (std::size_t p = order_.size(); p-- > 0;) {

@@ -78,10 +78,12 @@ SpotOutcome spot_outcome(double work_hours, double rate, double checkpoint, doub
     out.interval_hours = c > 0 ? tau : 0.0;
     out.expected_hours = w * spot_factor_at(rate, c, r, c > 0 ? tau : 0.0);
     out.interruptions_expected = rate * out.expected_hours;
-    // The work, its checkpoints, and k interruptions each costing at most an interval, a
-    // write and a restart; k the quantile over that very time (a fixed point: k only grows).
+    // The work, its checkpoints, and k interruptions, each wasting at most what it cuts
+    // short (an interval and its write, or a restart) and a restart; k the quantile over
+    // that very time (a fixed point: k only grows). If the job is not done by that time,
+    // more than k interruptions fell in it, which has probability at most 1 - confidence.
     const double base = w + (tau > 0 ? w / tau * c : 0.0);
-    const double per = r + tau + c;
+    const double per = r + std::max(tau + c, r);
     // Each interruption adds `per` hours and so rate * per interruptions on average: at 1 or
     // more there is no fixed point (no time holds at any confidence). Near 1 the iteration
     // below is slow; after 10,000 rounds the answer is "no finite time" as well.

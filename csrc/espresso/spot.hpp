@@ -39,8 +39,8 @@ double spot_factor(double rate, double checkpoint, double restart);
 
 // The whole outcome of `work_hours` of work. The interval is optimal_interval_hours(),
 // at most the work itself. hours_at_confidence counts k interruptions, k the `confidence`
-// quantile of a Poisson count over that time, each losing a whole interval and checkpoint
-// and costing a restart (a bound on any interruption's cost).
+// quantile of a Poisson count over that time, each wasting at most a whole interval and
+// checkpoint (or a restart it cuts short) and costing a restart: a bound on its cost.
 SpotOutcome spot_outcome(double work_hours, double rate, double checkpoint, double restart,
                          double confidence);
 

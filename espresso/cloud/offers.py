@@ -44,10 +44,18 @@ class Offer:
     """Per-GPU network between instances, GB/s one direction; default: the instance
     family's figure (espresso/data/instance_networks.yaml)."""
     network_source: str | None = None
+    market: str = "on-demand"
+    """``spot``: ``price_per_hour`` is the spot price and instances may be reclaimed (the
+    row's key ends in ``:spot``)."""
+    interruptions_per_hour: float | None = None
+    """Interruptions per instance-hour (spot; default: the provider's)."""
+    recovery_hours: float | None = None
+    """Hours to replace a reclaimed instance (spot; default: the provider's)."""
 
     @property
     def key(self) -> str:
-        return offer_key(self.provider, self.region, self.instance_type)
+        key = offer_key(self.provider, self.region, self.instance_type)
+        return key + ":spot" if self.market == "spot" else key
 
     @classmethod
     def from_dict(cls, data: Any) -> Offer:
@@ -64,7 +72,7 @@ class Offer:
                                       maximum=1 << 30, err=CatalogError)
         data["price_per_hour"] = v.number(f"{where}: price_per_hour", data["price_per_hour"],
                                           minimum=0, maximum=1e7, err=CatalogError)
-        for f in ("spot_price_per_hour",):
+        for f in ("spot_price_per_hour", "interruptions_per_hour", "recovery_hours"):
             if data.get(f) is not None:
                 data[f] = v.number(f"{where}: {f}", data[f], minimum=0, maximum=1e7,
                                    err=CatalogError)
@@ -82,6 +90,8 @@ class Offer:
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["zones"] = list(self.zones)
+        if out["market"] == "on-demand":
+            out["market"] = None
         return {k: val for k, val in out.items() if val is not None and val != []}
 
     def resolve(self, specs: SpecTable) -> GpuType:
@@ -113,7 +123,9 @@ class Offer:
             intra_node_gbs=self.intra_gbs or spec.intra_node_gbs, inter_node_gbs=network,
             efficiency=spec.efficiency, memory_bytes=spec.memory_bytes,
             provider=self.provider, region=self.region,
-            zones=self.zones, instance_type=self.instance_type, network_source=net_src)
+            zones=self.zones, instance_type=self.instance_type, network_source=net_src,
+            market=self.market, interruptions_per_hour=self.interruptions_per_hour,
+            recovery_hours=self.recovery_hours)
 
 
 def offer_of(row: GpuType) -> Offer:
@@ -127,4 +139,6 @@ def offer_of(row: GpuType) -> Offer:
                  spot_price_per_hour=(None if row.spot_price_per_hour is None
                                       else round(row.spot_price_per_hour * n, 10)),
                  zones=row.zones, intra_gbs=row.intra_node_gbs, network_gbs=row.inter_node_gbs,
-                 network_source=row.network_source)
+                 network_source=row.network_source, market=row.market,
+                 interruptions_per_hour=row.interruptions_per_hour,
+                 recovery_hours=row.recovery_hours)

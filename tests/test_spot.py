@@ -1,0 +1,304 @@
+"""Spot capacity: the interruption model against a Monte-Carlo simulation, spot rows in
+catalogs and estimates, and the search with a market per offer against the brute force."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+from _bruteforce import brute_force
+
+import espresso as es
+from espresso._native import core
+from espresso.cloud.spot import SPOT_SUFFIX, spot_defaults, with_spot
+
+# ---------------------------------------------------------------- the model
+
+
+def simulate(work: float, rate: float, ckpt: float, restart: float, interval: float,
+             rng: random.Random) -> tuple[float, int]:
+    """One run of the process the model describes: `work` hours in segments of `interval`
+    hours of work plus a checkpoint write of `ckpt` hours; interruptions arrive at `rate` per
+    wall-clock hour, at any moment (also during writes and restarts); each loses the segment
+    in progress and costs a restart of `restart` hours. (wall-clock hours, interruptions)"""
+    segments = round(work / interval)
+    t, n = 0.0, 0
+    for _ in range(segments):
+        while True:
+            x = rng.expovariate(rate)
+            if x >= interval + ckpt:
+                t += interval + ckpt
+                break
+            t += x
+            n += 1
+            while True:  # restart until one completes
+                y = rng.expovariate(rate)
+                if y >= restart:
+                    t += restart
+                    break
+                t += y
+                n += 1
+    return t, n
+
+
+@pytest.mark.parametrize(("rate", "ckpt", "restart", "segments"), [
+    (0.05, 0.02, 0.25, 12),   # rare interruptions, cheap checkpoints
+    (0.5, 0.1, 0.3, 8),       # frequent ones
+    (2.0, 0.01, 0.05, 20),    # very frequent, tiny checkpoints
+    (0.2, 0.5, 1.0, 5),       # checkpoints dearer than restarts
+])
+def test_expected_time_and_confidence_match_a_monte_carlo_simulation(
+        rate: float, ckpt: float, restart: float, segments: int) -> None:
+    interval = core.optimal_interval_hours(rate, ckpt)
+    work = segments * interval
+    out = core.spot_outcome(work, rate, ckpt, restart, 0.9)
+    assert out.interval_hours == pytest.approx(interval)
+    rng = random.Random(1234)
+    runs = [simulate(work, rate, ckpt, restart, interval, rng) for _ in range(20000)]
+    times = [t for t, _ in runs]
+    mean = sum(times) / len(times)
+    sd = math.sqrt(sum((t - mean) ** 2 for t in times) / (len(times) - 1))
+    # The expectation: within four standard errors of the simulated mean.
+    assert abs(out.expected_hours - mean) < 4 * sd / math.sqrt(len(times)) + 1e-12
+    assert out.interruptions_expected == pytest.approx(rate * out.expected_hours)
+    # The time at confidence holds at least that often (it bounds each interruption's cost).
+    held = sum(t <= out.hours_at_confidence for t in times) / len(times)
+    assert held >= 0.9
+    assert out.hours_at_confidence >= out.expected_hours * 0.999 or held >= 0.9
+
+
+def test_interval_is_the_minimiser_and_youngs_rule_to_first_order() -> None:
+    for rate, ckpt in ((1e-3, 0.01), (0.01, 0.1), (0.3, 0.05), (5.0, 0.2)):
+        tau = core.optimal_interval_hours(rate, ckpt)
+        f = core.spot_factor_at(rate, ckpt, 0.2, tau)
+        for k in (0.5, 0.9, 0.99, 1.01, 1.1, 2.0):
+            assert core.spot_factor_at(rate, ckpt, 0.2, tau * k) >= f * (1 - 1e-12)
+        assert core.spot_factor(rate, ckpt, 0.2) == pytest.approx(f)
+    # Young (1974): sqrt(2 C / rate) when rate * C is small.
+    assert core.optimal_interval_hours(1e-4, 0.01) == pytest.approx(math.sqrt(2 * 0.01 / 1e-4),
+                                                                    rel=0.01)
+
+
+def test_factor_grows_with_rate_checkpoint_and_restart() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        r, c, s = rng.uniform(0, 3), rng.uniform(0, 1), rng.uniform(0, 2)
+        f = core.spot_factor(r, c, s)
+        assert f >= 1.0
+        assert core.spot_factor(r * 1.3 + 1e-3, c, s) >= f
+        assert core.spot_factor(r, c * 1.3 + 1e-3, s) >= f
+        assert core.spot_factor(r, c, s * 1.3 + 1e-3) >= f
+
+
+def test_without_interruptions_nothing_changes_and_hopeless_rates_have_no_bound() -> None:
+    out = core.spot_outcome(10.0, 0.0, 0.5, 1.0, 0.9)
+    assert (out.expected_hours, out.hours_at_confidence, out.interval_hours) == (10.0, 10.0, 0.0)
+    # Each interruption costs more than the mean time between them: no time holds.
+    out = core.spot_outcome(10.0, 2.0, 0.5, 1.0, 0.9)
+    assert not out.bounded and math.isinf(out.hours_at_confidence)
+    assert math.isfinite(out.expected_hours)
+    # Hostile values stay defined.
+    for args in ((math.nan, 1.0, 0.1, 0.1, 0.9), (10.0, math.inf, 0.1, 0.1, 0.9),
+                 (10.0, 1.0, math.nan, 0.1, 0.9), (10.0, 1e-3, 0.1, 0.1, math.nan),
+                 (1e18, 1e-3, 0.1, 0.1, 0.999999)):
+        out = core.spot_outcome(*args)
+        assert out.expected_hours >= 0 or math.isnan(args[0])
+
+
+def test_quantile_is_the_poisson_quantile_of_its_own_time() -> None:
+    out = core.spot_outcome(100.0, 0.1, 0.05, 0.3, 0.99)
+    k, t = out.interruptions_at_confidence, out.hours_at_confidence
+    mu = 0.1 * t
+
+    def cdf(n: int) -> float:
+        return sum(math.exp(-mu + i * math.log(mu) - math.lgamma(i + 1)) for i in range(n + 1))
+
+    assert cdf(k) >= 0.99
+    tau = out.interval_hours
+    assert t == pytest.approx(100.0 + 100.0 / tau * 0.05 + k * (0.3 + max(tau + 0.05, 0.3)))
+
+
+# ---------------------------------------------------------------- catalogs and estimates
+
+def test_with_spot_adds_a_spot_row_per_spot_price() -> None:
+    cat = es.Catalog.builtin()
+    spot = with_spot(cat)
+    priced = [g for g in cat if g.spot_price_per_hour is not None]
+    assert len(spot) == len(cat) + len(priced)
+    row = spot[priced[0].name + SPOT_SUFFIX]
+    assert row.market == "spot" and row.price_per_hour == priced[0].spot_price_per_hour
+    assert row.interruption_rate == spot_defaults(row.provider).interruptions_per_hour > 0
+    assert spot[priced[0].name].interruption_rate == 0
+    only = with_spot(cat, only=True, rate=0.02)
+    assert all(g.market == "spot" and g.interruption_rate == 0.02 for g in only)
+    # A row survives a catalog file round trip with its market and rate.
+    again = es.Catalog.from_dict(only.to_dict())
+    assert again[row.name].market == "spot" and again[row.name].interruption_rate == 0.02
+
+
+def test_with_spot_refuses_catalogs_without_spot_prices_and_bad_rates() -> None:
+    row = es.Catalog.builtin("gpus")["A100-80GB"]
+    bare = es.Catalog(gpus=(es.GpuType(**{**row.to_dict(), "spot_price_per_hour": None}),))
+    with pytest.raises(es.CatalogError, match="spot_price_per_hour"):
+        with_spot(bare)
+    with pytest.raises(es.CatalogError, match="--spot-rate"):
+        with_spot(es.Catalog.builtin(), rate=-1)
+    with pytest.raises(es.CatalogError, match="market"):
+        es.GpuType(**{**es.Catalog.builtin("gpus").gpus[0].to_dict(), "market": "reserved"})
+    with pytest.raises(es.JobError, match="deadline_confidence"):
+        es.Job(model=es.ModelSpec.preset("llama2-7b"), deadline_hours=10, tokens=10**9,
+               deadline_confidence=1.0)
+
+
+def _spot_pair(rate: float) -> es.Catalog:
+    base = es.Catalog.builtin("gpus")["A100-80GB"]
+    row = es.GpuType(**{**base.to_dict(), "spot_price_per_hour": base.price_per_hour / 3,
+                        "count": 16})
+    return with_spot(es.Catalog(gpus=(row,)), rate=rate, recovery_hours=0.2)
+
+
+def test_estimate_of_a_spot_plan_is_expected_and_meets_the_deadline_at_confidence() -> None:
+    cat = _spot_pair(0.05)
+    job = es.Job(model=es.ModelSpec.preset("llama2-7b"), deadline_hours=1000,
+                 tokens=5 * 10**9, seq_len=4096, global_batch_size=64)
+    on = es.place(job, [("A100-80GB", 2)] * 2, dp=2, catalog=es.Catalog(gpus=(cat["A100-80GB"],)))
+    e0 = on.estimate
+    assert e0 is not None and e0.spot is None
+    spot_cat = es.Catalog(gpus=(cat["A100-80GB" + SPOT_SUFFIX],))
+    p = es.place(job, [("A100-80GB" + SPOT_SUFFIX, 2)] * 2, dp=2, catalog=spot_cat)
+    assert p.stages[0].gpu == "A100-80GB" and p.stages[0].offer == "A100-80GB" + SPOT_SUFFIX
+    e = p.estimate
+    assert e is not None and e.spot is not None
+    s = e.spot
+    assert s.work_hours == pytest.approx(e0.total_hours)
+    assert s.interruptions_per_hour == pytest.approx(0.05 * 1)  # 8 GPUs: one instance
+    assert e.total_hours == pytest.approx(s.expected_hours) and e.total_hours > s.work_hours
+    assert e.total_usd == pytest.approx(e.hourly_usd * e.total_hours)
+    assert e.rent[0]["market"] == "spot"
+    ckpt = es.CostParams().checkpoint_gbs
+    params = job.model.num_params * (2 + 12)
+    assert s.checkpoint_hours == pytest.approx(params / (ckpt * 1e9) / 3600, rel=1e-6)
+    restart = 0.2 + es.CostParams().restart_hours + s.checkpoint_hours
+    assert s.restart_hours == pytest.approx(restart)
+    out = core.spot_outcome(s.work_hours, s.interruptions_per_hour, s.checkpoint_hours,
+                            s.restart_hours, 0.9)
+    assert s.hours_at_confidence == pytest.approx(out.hours_at_confidence)
+    # The deadline is judged at the confidence, not at the expectation.
+    tight = es.Job(model=job.model, deadline_hours=(s.expected_hours + s.hours_at_confidence) / 2,
+                   tokens=job.tokens, seq_len=4096, global_batch_size=64)
+    late = dataclasses.replace(p, job=tight)
+    assert not es.estimate(late, catalog=spot_cat).meets_deadline
+    # The plan and its estimate survive JSON.
+    again = es.Plan.from_json(p.to_json())
+    assert again.estimate is not None and again.estimate.spot == s
+
+
+# ---------------------------------------------------------------- search vs brute force
+
+BASE = es.Catalog.builtin("gpus")
+SMALL = dict(micro_batch_sizes=(1, 2), max_tp=2, threads=1, interleave_after=(),
+             sharding=("none", "zero1", "zero2", "fsdp"))
+
+
+def spot_instance(seed: int) -> tuple[es.Job, es.Catalog, es.CostParams]:
+    """2-3 GPU types with up to 8 GPUs, each bought on demand and (often) on the spot market
+    at 20-60% of the price, a tiny model whose memory binds, and interruption rates,
+    recoveries and checkpoint writes scaled to the job's length so that the expected hours
+    of spot plans run from a little to several times their work; a deadline and a confidence
+    that often bind."""
+    rng = random.Random(seed)
+    layers = rng.randint(3, 5)
+    model = es.ModelSpec(name=f"s{seed}", num_layers=layers, hidden_size=256, num_heads=8,
+                         num_kv_heads=8, ffn_hidden_size=rng.choice([512, 1024]),
+                         vocab_size=1000)
+    rows = []
+    budget = 8
+    for i, n in enumerate(rng.sample(BASE.names, rng.randint(2, 3))):
+        count = rng.randint(1, max(1, min(4, budget - 2 + i)))
+        budget -= count
+        g = BASE[n].to_dict()
+        g.update(count=count, memory_gb=round(rng.uniform(0.02, 0.12), 3), memory_bytes=None,
+                 gpus_per_node=rng.choice([1, 2, 4]), spot_price_per_hour=None)
+        if rng.random() < 0.8:
+            g["spot_price_per_hour"] = g["price_per_hour"] * rng.uniform(0.2, 0.6)
+        rows.append(es.GpuType(**g))
+    catalog = es.Catalog(gpus=tuple(rows))
+    conf = rng.choice([0.5, 0.9, 0.99])
+    job = es.Job(model=model, seq_len=256, global_batch_size=2, iterations=1000,
+                 deadline_hours=1e6, deadline_confidence=conf)
+    base = es.CostParams(reserved_gb=0.0)
+    fastest = es.search(job, catalog, objective="time", max_stages=2, cost_model=base, **SMALL)
+    work = fastest.plans[0].estimate.total_hours if fastest.plans else 1.0  # type: ignore[union-attr]
+    # About an hour of work at the fastest: rates per hour then stay plausible.
+    iterations = max(1000, round(1000 / work))
+    work *= iterations / 1000
+    job = es.Job(model=model, seq_len=256, global_batch_size=2, iterations=iterations,
+                 deadline_hours=1e6, deadline_confidence=conf)
+    ckpt = rng.choice([0.0, 0.01, 0.05]) * work  # hours per checkpoint write
+    gbs = model.num_params * 14 / (ckpt * 3600 * 1e9) if ckpt > 0 else 0.0
+    params = es.CostParams(reserved_gb=0.0, checkpoint_gbs=gbs,
+                           restart_hours=rng.choice([0.0, 0.02]) * work)
+    if any(g.spot_price_per_hour is not None for g in rows):
+        catalog = es.Catalog(gpus=tuple(
+            g if g.market != "spot" else es.GpuType(**{
+                **g.to_dict(),
+                "interruptions_per_hour": rng.choice([0.2, 1.0, 5.0, 20.0]) / work,
+                "recovery_hours": rng.choice([0.0, 0.05, 0.2]) * work})
+            for g in with_spot(catalog)))
+    fastest = es.search(job, catalog, objective="time", max_stages=2, cost_model=params, **SMALL)
+    if fastest.plans:
+        e = fastest.plans[0].estimate
+        assert e is not None
+        hours = e.spot.hours_at_confidence if e.spot else e.total_hours
+        job = es.Job(model=model, seq_len=256, global_batch_size=2, iterations=iterations,
+                     deadline_confidence=conf,
+                     deadline_hours=hours * rng.choice([0.9, 1.05, 1.3, 2.0, 100.0]))
+    return job, catalog, params
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_search_with_spot_rows_equals_brute_force(seed: int) -> None:
+    job, catalog, params = spot_instance(seed)
+    expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=2,
+                                    max_tp=2, cost_model=params)
+    r = es.search(job, catalog, max_stages=2, cost_model=params, **SMALL)  # type: ignore[arg-type]
+    assert r.stats.complete
+    got = r.plans[0].estimate.total_usd if r.plans else math.inf  # type: ignore[union-attr]
+    if math.isinf(expected):
+        assert math.isinf(got)
+    else:
+        assert got == pytest.approx(expected, rel=1e-9), plan
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_fastest_plan_with_spot_rows_equals_brute_force(seed: int) -> None:
+    job, catalog, params = spot_instance(500 + seed)
+    expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=2,
+                                    max_tp=2, cost_model=params, objective="time")
+    r = es.search(job, catalog, max_stages=2, cost_model=params, objective="time",
+                  **SMALL)  # type: ignore[arg-type]
+    assert r.stats.complete
+    got = r.plans[0].estimate.total_hours if r.plans else math.inf  # type: ignore[union-attr]
+    if math.isinf(expected):
+        assert math.isinf(got)
+    else:
+        assert got == pytest.approx(expected, rel=1e-9), plan
+
+
+def test_spot_instances_appear_in_optima_and_are_not_always_chosen() -> None:
+    """The instances above exercise both markets: spot wins some, on-demand others."""
+    spot_wins = demand_wins = 0
+    for seed in range(40):
+        job, catalog, params = spot_instance(seed)
+        r = es.search(job, catalog, max_stages=2, cost_model=params, **SMALL)  # type: ignore[arg-type]
+        if not r.plans:
+            continue
+        e = r.plans[0].estimate
+        assert e is not None
+        if e.spot is not None:
+            spot_wins += 1
+        elif any(g.market == "spot" for g in catalog):
+            demand_wins += 1
+    assert spot_wins >= 5 and demand_wins >= 5, (spot_wins, demand_wins)
