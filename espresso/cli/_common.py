@@ -97,6 +97,17 @@ def add_availability_args(p: argparse.ArgumentParser) -> None:
                         "docs/catalog.md)")
     p.add_argument("--max-instances", type=int, metavar="N",
                    help="at most N instances of any one offer")
+    p.add_argument("--spot", action="store_true",
+                   help="also offer every instance with a spot price on the spot market (the "
+                        "search picks the market per offer; docs/cost-model.md, \"Spot capacity\")")
+    p.add_argument("--spot-only", action="store_true",
+                   help="only the spot market (instances without a spot price are dropped)")
+    p.add_argument("--spot-rate", type=float, metavar="R",
+                   help="interruptions per instance-hour of every spot instance (implies --spot; "
+                        "default: each provider's published figure)")
+    p.add_argument("--spot-recovery", type=float, metavar="H",
+                   help="hours until a reclaimed spot instance is replaced (implies --spot; "
+                        "default 0.25)")
 
 
 def load_available(args: argparse.Namespace) -> Catalog:
@@ -104,6 +115,12 @@ def load_available(args: argparse.Namespace) -> Catalog:
     from ..cloud.quota import load_quota, max_instances
 
     catalog = load_catalog(args.catalog)
+    spot_only = getattr(args, "spot_only", False)
+    rate, recovery = getattr(args, "spot_rate", None), getattr(args, "spot_recovery", None)
+    if getattr(args, "spot", False) or spot_only or rate is not None or recovery is not None:
+        from ..cloud.spot import with_spot
+
+        catalog = with_spot(catalog, only=spot_only, rate=rate, recovery_hours=recovery)
     if getattr(args, "quota", None):
         catalog = load_quota(catalog, args.quota)
     if getattr(args, "max_instances", None) is not None:

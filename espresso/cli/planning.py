@@ -11,6 +11,8 @@ from rich.markup import escape
 
 from .. import _io
 from .._validate import load_yaml
+from ..catalog import Catalog
+from ..cost import CostParams
 from ..errors import JobError
 from ..estimate import estimate
 from ..interleave import DEFAULT_VIRTUAL_STAGES
@@ -46,6 +48,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     cost = c.load_cost_model(args.cost_model)
     if cost is not None:
         plan = replace(plan, cost_model=cost)
+    if args.checkpoint_gbs is not None:
+        plan = replace(plan, cost_model=replace(plan.cost_model,
+                                                checkpoint_gbs=args.checkpoint_gbs))
     est = estimate(plan, catalog)
     if args.json:
         text = replace(plan, estimate=est).to_json()
@@ -72,7 +77,8 @@ def job_from_args(args: argparse.Namespace) -> Job:
     for key, val in (("model", args.model), ("seq_len", args.seq_len),
                      ("global_batch_size", args.global_batch), ("tokens", args.tokens),
                      ("iterations", args.iterations), ("deadline_hours", args.deadline),
-                     ("optimizer", args.optimizer)):
+                     ("optimizer", args.optimizer),
+                     ("deadline_confidence", args.deadline_confidence)):
         if val is not None:
             data[key] = val
     if args.tokens is not None:
@@ -103,6 +109,34 @@ def _compare(job: Job, catalog: Any, best: Plan, budget: TimeBudget,
     res = search(job, catalog, max_gpu_types=1, time_limit_s=budget.share(1.0),
                  progress=progress, phase="single-type plans", **kwargs)
     return Comparison(plan=res.plans[0] if res.plans else None, stats=res.stats)
+
+
+def _compare_on_demand(job: Job, catalog: Any, best: Plan, budget: TimeBudget, share: float,
+                       progress: SearchProgress, kwargs: dict[str, Any]) -> Comparison:
+    """The best plan without spot instances, for the saving the spot market brings."""
+    est = best.estimate
+    assert est is not None
+    if est.spot is None:
+        return Comparison(plan=best, kind="on-demand")
+    rows = tuple(g for g in catalog.gpus if not g.is_spot)
+    if not rows:
+        return Comparison(plan=None, kind="on-demand",
+                          skipped="not compared: the catalog has spot rows only (--spot-only)")
+    if budget.spent:
+        return Comparison(plan=None, kind="on-demand", skipped="not compared: the main search "
+                          "used the whole time limit (--time-limit)")
+    res = search(job, Catalog(gpus=rows, notes=catalog.notes), time_limit_s=budget.share(share),
+                 progress=progress, phase="on-demand plans", **kwargs)
+    return Comparison(plan=res.plans[0] if res.plans else None, stats=res.stats,
+                      kind="on-demand")
+
+
+def _cost_model(args: argparse.Namespace) -> CostParams | None:
+    """--cost-model with --checkpoint-gbs applied."""
+    cost = c.load_cost_model(args.cost_model)
+    if getattr(args, "checkpoint_gbs", None) is not None:
+        cost = replace(cost or CostParams(), checkpoint_gbs=args.checkpoint_gbs)
+    return cost
 
 
 def _depth_arg(tiers: tuple[int, ...]) -> int | tuple[int, ...]:
@@ -148,14 +182,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     objective = "time" if args.budget is not None else "cost"
     space: dict[str, Any] = dict(threads=args.threads, max_stages=_depth_arg(args.max_stages),
                                  max_tp=args.max_tp, profiles=c.load_profiles(args.profile),
-                                 cost_model=c.load_cost_model(args.cost_model),
+                                 cost_model=_cost_model(args),
                                  scope=args.scope, sharding=args.sharding,
                                  recompute=args.recompute, virtual_stages=args.virtual_stages,
                                  interleave_after=args.interleave_after,
                                  sequence_parallel=None if args.sequence_parallel else False)
     kwargs = {**space, "objective": objective, "budget_usd": args.budget}
     progress = SearchProgress()
-    share = MAIN_SHARE if args.compare else 1.0
+    spot = any(g.is_spot for g in catalog.gpus)
+    # The main search, then (spot) the best on-demand plan, then single-type plans.
+    share = (MAIN_SHARE * (0.75 if spot else 1.0)) if args.compare else 1.0
 
     def main_search() -> SearchResult:
         return search(job, catalog, top_k=args.top_k, time_limit_s=budget.share(share),
@@ -174,12 +210,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     best = result.plans[0]
     if args.json:  # before anything else can fail or take time
         best.to_json(args.json, stats=args.stats)
-    comparison = None
+    comparison = on_demand = None
+    if args.compare and spot:
+        on_demand = c.run_with_progress(
+            con, "Comparing with on-demand plans",
+            lambda: _compare_on_demand(job, catalog, best, budget, 0.5, progress, kwargs),
+            progress, budget)
     if args.compare:
         comparison = c.run_with_progress(
             con, "Comparing with single-type plans",
             lambda: _compare(job, catalog, best, budget, progress, kwargs), progress, budget)
-    print_plan(best, con, comparison)
+    print_plan(best, con, comparison, *([on_demand] if on_demand is not None else []))
     for note in catalog.notes:
         con.print(f"[dim]Catalog: {escape(note)}[/]")
     if len(result.plans) > 1 or args.top_k > 1:
@@ -208,6 +249,7 @@ def register(sub: Any) -> None:
                    help="write the plan with its estimate as JSON to OUT ('-': stdout only)")
     c.add_profile_arg(p)
     c.add_cost_model_arg(p, "replacing the plan's cost_model")
+    _add_checkpoint_arg(p)
     p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser(
@@ -225,6 +267,9 @@ def register(sub: Any) -> None:
     p.add_argument("--global-batch", type=int,
                    help=f"sequences per step (default {DEFAULT_GLOBAL_BATCH_SIZE})")
     p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), help="default adam")
+    p.add_argument("--deadline-confidence", type=float, metavar="P",
+                   help="with spot instances: the probability with which the deadline must "
+                        "hold, over the number of interruptions (default 0.9)")
     p.add_argument("--job", metavar="FILE", help="job YAML/JSON; flags override its fields")
     c.add_catalog_arg(p)
     c.add_availability_args(p)
@@ -279,4 +324,11 @@ def register(sub: Any) -> None:
                    help="skip the comparison with single-type plans")
     c.add_profile_arg(p)
     c.add_cost_model_arg(p, "instead of the defaults")
+    _add_checkpoint_arg(p)
     p.set_defaults(func=cmd_plan)
+
+
+def _add_checkpoint_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint-gbs", type=float, metavar="GB/s",
+                   help="with spot instances: aggregate GB/s at which checkpoints are written "
+                        "and read back (default 2; 0: free), replacing cost_model.checkpoint_gbs")

@@ -19,12 +19,15 @@ from ..units import format_seconds as _sec
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Comparison:
-    """The best single-type plan, for the line that says what mixing types saves."""
+    """The best single-type plan (or on-demand plan), for the line that says what mixing
+    types (or the spot market) saves."""
 
     plan: Plan | None
     stats: SearchStats | None = None
     skipped: str | None = None
     """Why no comparison was made (e.g. no time left)."""
+    kind: str = "single-type"
+    """``single-type`` or ``on-demand``: what the plan is compared with."""
 
 
 def _rent(gpus: dict[str, int]) -> str:
@@ -37,8 +40,9 @@ def rent_lines(est: Estimate) -> list[str]:
     for r in est.rent:
         where = f", {r['provider']} {r['region']}" if r.get("provider") else ""
         idle = f" ({r['idle_gpus']} idle)" if r.get("idle_gpus") else ""
-        out.append(f"{r['instances']} x {r['instance_type']}{where}: {r['gpus']} x {r['gpu']}"
-                   f"{idle}, ${r['hourly_usd']:,.2f}/h")
+        spot = " (spot)" if r.get("market") == "spot" else ""
+        out.append(f"{r['instances']} x {r['instance_type']}{spot}{where}: {r['gpus']} x "
+                   f"{r['gpu']}{idle}, ${r['hourly_usd']:,.2f}/h")
     return out
 
 
@@ -78,11 +82,41 @@ def domain_words(plan: Plan) -> str | None:
     return text
 
 def deadline_words(est: Estimate) -> str:
-    """``met with X to spare`` / ``missed by X (needs Y)``."""
+    """``met with X to spare`` / ``missed by X (needs Y)``; with spot instances, at the
+    job's confidence."""
+    hours, at = est.total_hours, ""
+    if est.spot is not None:
+        hours, at = est.spot.hours_at_confidence, f" at {est.spot.confidence:.0%} confidence"
+        if not math.isfinite(hours):
+            return (f"missed{at}: interruptions arrive faster than a restart and the work "
+                    "they lose take, so no time holds")
     if est.meets_deadline:
-        return f"met with {_hours(est.deadline_hours - est.total_hours)} to spare"
-    return (f"missed by {_hours(est.total_hours - est.deadline_hours)} "
-            f"(needs {_hours(est.total_hours)}, deadline {_hours(est.deadline_hours)})")
+        return f"met{at} with {_hours(est.deadline_hours - hours)} to spare"
+    return (f"missed{at} by {_hours(hours - est.deadline_hours)} "
+            f"(needs {_hours(hours)}, deadline {_hours(est.deadline_hours)})")
+
+
+def spot_lines(est: Estimate) -> list[str]:
+    """What interruptions do to a plan with spot instances (empty without)."""
+    s = est.spot
+    if s is None:
+        return []
+    worst = s.hours_at_confidence
+    worst_usd = est.hourly_usd * worst + est.transfer_usd
+    every = f"one every {_hours(1 / s.interruptions_per_hour)}"
+    ckpt = (f"checkpoint every {_hours(s.checkpoint_interval_hours)} of work (writing takes "
+            f"{_sec(s.checkpoint_hours * 3600)})" if s.checkpoint_interval_hours > 0
+            else "checkpoints free (cost_model.checkpoint_gbs 0)")
+    k = s.interruptions_at_confidence
+    at = (f"{_hours(worst)}, ${worst_usd:,.2f} ({k} interruption{'' if k == 1 else 's'})"
+          if math.isfinite(worst) else "no bound (interruptions outpace the restarts)")
+    return [
+        f"Spot: {s.interruptions_per_hour:.4g} interruptions/h ({every}); {ckpt}; a restart "
+        f"takes {_hours(s.restart_hours)}",
+        f"Spot: expected {_hours(s.expected_hours)}, ${est.total_usd:,.2f} "
+        f"({s.interruptions_expected:.1f} interruptions; the work alone "
+        f"{_hours(s.work_hours)}); at {s.confidence:.0%} confidence {at}",
+    ]
 
 
 def _caption(plan: Plan) -> str:
@@ -127,6 +161,8 @@ def print_estimate(plan: Plan, est: Estimate, console: Console) -> None:
     transfer = (f" (data transfer ${est.transfer_usd:,.2f}: {est.transfer_gb:,.1f} GB per "
                 "iteration between locations)" if est.transfer_usd > 0 else "")
     console.print(f"Total: {_hours(est.total_hours)}, [bold]${est.total_usd:,.2f}[/]{transfer}")
+    for line in spot_lines(est):
+        console.print(escape(line))
     console.print(f"Deadline: {'' if est.meets_deadline else '[yellow]'}"
                   f"{deadline_words(est)}{'' if est.meets_deadline else '[/]'}")
     reasons = list(est.reasons)
@@ -164,24 +200,29 @@ def _compare_line(plan: Plan, comparison: Comparison, console: Console) -> None:
     est = plan.estimate
     assert est is not None
     objective = (plan.stats or {}).get("objective", "cost")
-    if len(est.gpus) == 1:
+    label = "on-demand" if comparison.kind == "on-demand" else "single-type"
+    if comparison.kind == "on-demand" and est.spot is None:
+        console.print("On demand: the best plan already rents no spot instances.")
+        return
+    if comparison.kind != "on-demand" and len(est.gpus) == 1:
         console.print(f"Single GPU type: the {'cheapest' if objective == 'cost' else 'fastest'} "
                       "plan already uses one type.")
         return
     if comparison.skipped:
-        console.print(f"Versus single-type plans: {escape(comparison.skipped)}")
+        console.print(f"Versus {label} plans: {escape(comparison.skipped)}")
         return
     other = comparison.plan
     unproven = (comparison.stats is not None and not comparison.stats.complete)
     note = (f" (best found, {proof_words(comparison.stats)})" if unproven else "")
     if other is None or other.estimate is None:
+        subject = "no on-demand plan" if label == "on-demand" else "no single GPU type"
         why = ("none found before the time limit" if unproven else
-               "no single GPU type meets the deadline" if objective == "cost" else
-               "no single GPU type fits within the budget")
-        console.print(f"Versus single-type plans: {why}.")
+               f"{subject} meets the deadline" if objective == "cost" else
+               f"{subject} fits within the budget")
+        console.print(f"Versus {label} plans: {why}.")
         return
     o_est = other.estimate
-    what = (f"the {'cheapest' if objective == 'cost' else 'fastest'} single-type plan "
+    what = (f"the {'cheapest' if objective == 'cost' else 'fastest'} {label} plan "
             f"({escape(_rent(o_est.gpus))}, ${o_est.total_usd:,.2f}, "
             f"{_hours(o_est.total_hours)}){note}")
     # Cost: what mixing types saves; time (a budget): how much faster it is.
@@ -197,7 +238,8 @@ def _compare_line(plan: Plan, comparison: Comparison, console: Console) -> None:
                       "optimal; allow more time with --time-limit)")
 
 
-def print_plan(plan: Plan, console: Console, comparison: Comparison | None) -> None:
+def print_plan(plan: Plan, console: Console, comparison: Comparison | None,
+               *more: Comparison) -> None:
     est = plan.estimate
     assert est is not None
     job = plan.job
@@ -225,11 +267,16 @@ def print_plan(plan: Plan, console: Console, comparison: Comparison | None) -> N
     )
     transfer = (f"; data transfer ${est.transfer_usd:,.2f} included" if est.transfer_usd > 0
                 else "")
-    console.print(f"Total: {_hours(est.total_hours)}, [bold]${est.total_usd:,.2f}[/] "
+    expected = "expected " if est.spot is not None else ""
+    at = f" at {est.spot.confidence:.0%} confidence" if est.spot is not None else ""
+    console.print(f"Total: {expected}{_hours(est.total_hours)}, [bold]${est.total_usd:,.2f}[/] "
                   f"(deadline {_hours(job.deadline_hours)}: "
-                  f"{'met' if est.meets_deadline else 'missed'}{transfer})")
-    if comparison is not None:
-        _compare_line(plan, comparison, console)
+                  f"{'met' if est.meets_deadline else 'missed'}{at}{transfer})")
+    for line in spot_lines(est):
+        console.print(escape(line))
+    for comp in (comparison, *more):
+        if comp is not None:
+            _compare_line(plan, comp, console)
     print_search_line(plan.stats, console)
 
 

@@ -6,8 +6,13 @@ Quota file (YAML or JSON)::
     quotas:                       # first matching entry wins; fields left out match anything
       - {provider: aws, region: us-east-1, instance_type: p5.48xlarge, instances: 2}
       - {provider: aws, instance_type: "g6e.*", instances: 4}   # shell patterns
+      - {provider: aws, market: spot, instances: 8, interruptions_per_hour: 0.02}
       - {provider: lambda, instances: 0}
     default: 0                    # offers no entry matches (omit: keep the catalog's)
+
+``market`` (``on-demand`` or ``spot``) matches the rows ``--spot`` adds; an entry may set a
+spot row's ``interruptions_per_hour`` and ``recovery_hours`` (hours to replace an instance)
+besides, or instead of, its ``instances``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from .. import _validate as v
 from ..catalog import Catalog, GpuType
 from ..errors import CatalogError
 
-_FIELDS = ("provider", "region", "instance_type", "gpu")
+_FIELDS = ("provider", "region", "instance_type", "gpu", "market")
+_SETS = ("instances", "interruptions_per_hour", "recovery_hours")
 
 
 def _set_instances(g: GpuType, n: int) -> GpuType:
@@ -39,13 +45,22 @@ def apply_quota(catalog: Catalog, quota: Any) -> Catalog:
     rules = []
     for i, e in enumerate(entries):
         e = v.mapping(f"quota.quotas[{i}]", e, err=CatalogError)
-        v.known_keys(f"quota.quotas[{i}]", e, (*_FIELDS, "instances"), ("instances",),
-                     err=CatalogError)
-        n = v.integer(f"quota.quotas[{i}].instances", e["instances"], minimum=0,
-                      maximum=1 << 30, err=CatalogError)
+        v.known_keys(f"quota.quotas[{i}]", e, (*_FIELDS, *_SETS), (), err=CatalogError)
+        if not any(k in e for k in _SETS):
+            msg = (f"quota.quotas[{i}]: expected at least one of {', '.join(_SETS)}, "
+                   f"got {e!r}")
+            raise CatalogError(msg)
+        sets: dict[str, Any] = {}
+        if "instances" in e:
+            sets["instances"] = v.integer(f"quota.quotas[{i}].instances", e["instances"],
+                                          minimum=0, maximum=1 << 30, err=CatalogError)
+        for f, top in (("interruptions_per_hour", 1e3), ("recovery_hours", 1e4)):
+            if f in e:
+                sets[f] = v.number(f"quota.quotas[{i}].{f}", e[f], minimum=0, maximum=top,
+                                   err=CatalogError)
         pats = {f: v.string(f"quota.quotas[{i}].{f}", e[f], err=CatalogError)
                 for f in _FIELDS if f in e}
-        rules.append((pats, n, i))
+        rules.append((pats, sets, i))
     default = data.get("default")
     if default is not None:
         default = v.integer("quota.default", default, minimum=0, maximum=1 << 30,
@@ -54,10 +69,13 @@ def apply_quota(catalog: Catalog, quota: Any) -> Catalog:
     rows = []
     for g in catalog.gpus:
         values = {"provider": g.provider or "", "region": g.region or "",
-                  "instance_type": g.instance_type or g.name, "gpu": g.model}
-        for pats, n, i in rules:
+                  "instance_type": g.instance_type or g.name, "gpu": g.model,
+                  "market": g.market}
+        for pats, sets, i in rules:
             if all(fnmatch.fnmatchcase(values[f], p) for f, p in pats.items()):
-                rows.append(_set_instances(g, n))
+                row = _set_instances(g, sets["instances"]) if "instances" in sets else g
+                spot = {k: val for k, val in sets.items() if k != "instances"}
+                rows.append(replace(row, **spot) if spot else row)
                 used.add(i)
                 break
         else:
