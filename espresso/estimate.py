@@ -72,7 +72,8 @@ def rent_list(rows: list[Any], gpus_used: list[int],
                     "instance_type": g.instance_label, "gpu": g.model, "instances": int(inst),
                     "gpus": gpus, "idle_gpus": gpus - int(used),
                     "hourly_usd": int(inst) * g.instance_price_per_hour,
-                    **({"market": "spot"} if g.is_spot else {})})
+                    **({"market": "spot", "interruptions_per_hour": g.interruption_rate,
+                        "recovery_hours": g.recovery} if g.is_spot else {})})
     return tuple(out)
 
 
@@ -184,7 +185,12 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
     if catalog is None:
         # Plans that name offers come from the cloud snapshot; older plans (GPU types only)
         # from the GPU-type reference catalog they were made with.
-        catalog = Catalog.builtin("cloud" if any(st.offer for st in plan.stages) else "gpus")
+        catalog = Catalog.builtin("cloud" if any(st.offer and "/" in st.offer
+                                                 for st in plan.stages) else "gpus")
+        if any(st.market == "spot" for st in plan.stages):
+            from .cloud.spot import with_spot
+
+            catalog = with_spot(catalog)  # the providers' default interruption terms
     params = plan.cost_model if cost_model is None else cost_model
     # Only the catalog rows the plan uses travel to the core.
     names: list[str] = []

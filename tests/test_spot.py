@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from pathlib import Path
 
 import pytest
 from _bruteforce import brute_force
@@ -302,3 +303,79 @@ def test_spot_instances_appear_in_optima_and_are_not_always_chosen() -> None:
         elif any(g.market == "spot" for g in catalog):
             demand_wins += 1
     assert spot_wins >= 5 and demand_wins >= 5, (spot_wins, demand_wins)
+
+
+# ---------------------------------------------------------------- quota files and the CLI
+
+def test_quota_entries_match_the_market_and_set_interruption_terms() -> None:
+    from espresso.cloud.quota import apply_quota
+
+    cat = with_spot(es.Catalog.builtin())
+    out = apply_quota(cat, {"quotas": [
+        {"provider": "aws", "market": "spot", "instances": 3, "interruptions_per_hour": 0.02,
+         "recovery_hours": 0.5},
+        {"provider": "aws", "market": "on-demand", "instances": 1},
+    ]})
+    for g in out:
+        if g.provider != "aws":
+            continue
+        if g.market == "spot":
+            assert (g.instances, g.interruption_rate, g.recovery) == (3, 0.02, 0.5)
+        else:
+            assert g.instances == 1 and g.interruption_rate == 0
+    # An entry may set the rate alone; one that sets nothing is refused.
+    rate_only = apply_quota(cat, {"quotas": [{"market": "spot", "interruptions_per_hour": 0.1}]})
+    assert all(g.interruption_rate == 0.1 for g in rate_only if g.market == "spot")
+    assert [g.count for g in rate_only] == [g.count for g in cat]
+    with pytest.raises(es.CatalogError, match=r"quota.quotas\[0\]: expected at least one"):
+        apply_quota(cat, {"quotas": [{"market": "spot"}]})
+    with pytest.raises(es.CatalogError, match="interruptions_per_hour"):
+        apply_quota(cat, {"quotas": [{"market": "spot", "interruptions_per_hour": -1}]})
+
+
+def test_cli_plans_with_spot_and_prints_the_spot_terms(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from espresso.cli import main
+
+    out_json = tmp_path / "plan.json"
+    assert main(["plan", "--model", "llama2-7b", "--tokens", "2e10", "--deadline", "14d",
+                 "--spot", "--spot-rate", "0.05", "--deadline-confidence", "0.95",
+                 "--checkpoint-gbs", "4", "--time-limit", "60", "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    assert "(spot)" in text and "interruptions/h" in text and "checkpoint every" in text
+    assert "at 95% confidence" in text and "on-demand plan" in text
+    plan = es.Plan.from_json(out_json)
+    assert plan.job.deadline_confidence == 0.95
+    assert plan.cost_model.checkpoint_gbs == 4
+    assert any(st.market == "spot" for st in plan.stages)
+    est = plan.estimate
+    assert est is not None and est.spot is not None
+    assert est.spot.interruptions_per_hour == pytest.approx(
+        0.05 * sum(r["instances"] for r in est.rent if r.get("market") == "spot"))
+    # The saved plan estimates the same with the same catalog (offers with :spot keys).
+    again = es.estimate(plan, with_spot(es.Catalog.builtin(), rate=0.05))
+    assert again.total_usd == pytest.approx(est.total_usd)
+    # `espresso estimate` of it needs the spot rows and prints the spot lines.
+    assert main(["estimate", str(out_json), "--spot-rate", "0.05"]) == 0
+    assert "Spot: expected" in capsys.readouterr().out
+
+
+def test_cli_refuses_bad_spot_input(capsys: pytest.CaptureFixture[str]) -> None:
+    from espresso.cli import main
+
+    assert main(["plan", "--model", "llama2-7b", "--tokens", "2e10", "--deadline", "14d",
+                 "--spot-rate", "-2"]) == 2
+    assert "--spot-rate" in capsys.readouterr().err
+    assert main(["plan", "--model", "llama2-7b", "--tokens", "2e10", "--deadline", "14d",
+                 "--spot", "--deadline-confidence", "1.5"]) == 2
+    assert "deadline_confidence" in capsys.readouterr().err
+
+
+def test_old_plan_files_still_load_and_estimate_the_same() -> None:
+    """Plans written before the spot market (no market keys) load and estimate as before."""
+    path = Path(__file__).parents[1] / "examples" / "plans" / "llama2-7b-a100-l40s.json"
+    plan = es.Plan.from_json(path)
+    assert all(st.market == "on-demand" for st in plan.stages)
+    est = es.estimate(plan)
+    assert est.spot is None and est.total_hours == pytest.approx(
+        plan.job.num_iterations * est.iteration_s / 3600)

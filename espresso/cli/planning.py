@@ -40,8 +40,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     c.check_output("--json", args.json)
     plan = Plan.from_json(args.plan)
     # Without --catalog: the snapshot for plans that name offers, else the GPU-type catalog.
+    spot = (args.spot or args.spot_only or args.spot_rate is not None
+            or args.spot_recovery is not None)
     catalog = (c.load_available(args)
-               if args.catalog or args.quota or args.max_instances is not None else None)
+               if args.catalog or args.quota or args.max_instances is not None or spot
+               else None)
     profiles = c.load_profiles(args.profile)
     if profiles is not None:
         plan = replace(plan, profiles=profiles)
