@@ -1549,6 +1549,7 @@ private:
             if (is.gpu >= 0) is.gpu = types[static_cast<std::size_t>(is.gpu)];
         }
         plan.objective = opt_.objective == Objective::Cost ? est.total_usd : est.total_hours;
+        if (!std::isfinite(plan.objective)) return;  // interruptions without end (spot)
         plan.estimate = std::move(est);
         local.plans.push_back(std::move(plan));
     }

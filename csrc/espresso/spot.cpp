@@ -51,6 +51,7 @@ double optimal_interval_hours(double rate, double checkpoint) {
 
 double spot_factor_at(double rate, double checkpoint, double restart, double interval) {
     if (!(rate > 0)) return 1.0;
+    if (!std::isfinite(rate)) return kInf;
     const double r = std::max(0.0, restart), c = std::max(0.0, checkpoint);
     if (!(interval > 0)) {
         // Checkpoints without end make no progress; without a cost, continuous checkpoints
@@ -69,7 +70,7 @@ double spot_factor(double rate, double checkpoint, double restart) {
 SpotOutcome spot_outcome(double work_hours, double rate, double checkpoint, double restart,
                          double confidence) {
     SpotOutcome out;
-    const double w = std::max(0.0, work_hours);
+    const double w = std::isnan(work_hours) ? 0.0 : std::max(0.0, work_hours);
     out.expected_hours = w;
     out.hours_at_confidence = w;
     if (!(rate > 0) || w == 0) return out;

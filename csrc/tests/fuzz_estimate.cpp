@@ -16,6 +16,7 @@
 #include "espresso/cost_model.hpp"
 #include "espresso/pipeline_sim.hpp"
 #include "espresso/search.hpp"
+#include "espresso/spot.hpp"
 
 using namespace espresso;
 
@@ -82,6 +83,11 @@ int main(int argc, char** argv) {
             g.price_per_hour = any_double();
             g.count = any_int(512);
             g.gpus_per_node = any_int(8);
+            // Spot rows now and then: interruptions per instance-hour and a recovery time.
+            if (rng() % 3 == 0) {
+                g.interruptions_per_hour = hostile ? any_double() : 0.001 * static_cast<double>(rng() % 500);
+                g.recovery_hours = hostile ? any_double() : 0.01 * static_cast<double>(rng() % 100);
+            }
         }
         CostParams p;
         if (hostile && rng() % 4 == 0) p.efficiency = any_double();
@@ -95,6 +101,8 @@ int main(int argc, char** argv) {
         p.p2p_scatter_gather = rng() % 2;
         if (hostile && rng() % 4 == 0) p.sustained_fraction = any_double();
         if (hostile && rng() % 4 == 0) p.attention_efficiency = any_double();
+        if (rng() % 4 == 0) p.checkpoint_gbs = hostile ? any_double() : 0.01 * static_cast<double>(rng() % 1000);
+        if (hostile && rng() % 4 == 0) p.restart_hours = any_double();
         Workload w;
         w.seq_len = any_int(8192);
         w.micro_batch_size = any_int(8);
@@ -113,6 +121,7 @@ int main(int argc, char** argv) {
         w.sequence_parallel = rng() % 2;
         w.iterations = any_double();
         w.deadline_hours = any_double();
+        if (rng() % 4 == 0) w.deadline_confidence = hostile ? any_double() : 0.01 * static_cast<double>(1 + rng() % 99);
         std::vector<StageSpec> stages(static_cast<std::size_t>(rng() % 10));
         std::int64_t begin = 0;
         for (auto& s : stages) {
@@ -150,6 +159,13 @@ int main(int argc, char** argv) {
                 }
             }
             if (r.feasible != r.issues.empty()) fail("feasible iff no issues", i);
+            // Spot: expected and at-confidence hours never below the work alone, never NaN.
+            if (std::isnan(r.total_hours) || std::isnan(r.hours_at_confidence)) fail("spot hours not NaN", i);
+            if (r.total_hours < r.work_hours * (1 - 1e-12) ||
+                r.hours_at_confidence < r.work_hours * (1 - 1e-12)) {
+                fail("spot hours >= work hours", i);
+            }
+            if (r.meets_deadline && !(r.hours_at_confidence <= w.deadline_hours)) fail("deadline at confidence", i);
         } catch (const std::invalid_argument&) {
             ++refused;
         }
@@ -190,6 +206,18 @@ int main(int argc, char** argv) {
                 }
             } catch (const std::invalid_argument&) {
             }
+        }
+        // The spot model on its own, with arbitrary numbers.
+        {
+            const double work = any_double(), rate = any_double(), ck = any_double(),
+                         rs = any_double(), conf = rng() % 2 ? any_double() : 0.9;
+            const SpotOutcome o = spot_outcome(work, rate, ck, rs, conf);
+            if (std::isnan(o.expected_hours) || std::isnan(o.hours_at_confidence) ||
+                std::isnan(o.interval_hours) || o.expected_hours < 0 || o.interval_hours < 0) {
+                fail("spot outcome defined", i);
+            }
+            const double f = spot_factor(rate, ck, rs);
+            if (std::isnan(f) || f < 1 - 1e-12) fail("spot factor >= 1", i);
         }
         // The simulator on its own, with arbitrary times.
         const std::size_t P = rng() % 6;
