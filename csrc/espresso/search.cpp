@@ -738,7 +738,7 @@ private:
         auto objective = [&](double t_iter) {
             const double work = job_.iterations * t_iter / 3600.0;
             if (opt_.enforce_deadline && opt_.prune_deadline &&
-                work > job_.deadline_hours * (1 + kSlack)) {
+                deadline_lb(work, n.spot_rate) > job_.deadline_hours * (1 + kSlack)) {
                 return kInf;
             }
             const double hours = work * spot;  // expected, interruptions included
@@ -811,7 +811,8 @@ private:
         const double t_iter = ext_time_bound(n, c, std::isfinite(target) ? target : kInf);
         if (!std::isfinite(t_iter)) return kInf;
         const double work = job_.iterations * t_iter / 3600.0;
-        if (opt_.enforce_deadline && opt_.prune_deadline && work > job_.deadline_hours * (1 + kSlack)) {
+        if (opt_.enforce_deadline && opt_.prune_deadline &&
+            deadline_lb(work, n.spot_rate) > job_.deadline_hours * (1 + kSlack)) {
             return kInf;
         }
         const double hours = work * spot;
@@ -1566,6 +1567,14 @@ private:
     // hour or more (1 without spot instances).
     double spot_lb(double rate) const {
         return rate > 0 ? spot_factor(rate, checkpoint_h_, restart_min_h_) : 1.0;
+    }
+    // The least hours at the deadline's confidence of `work` hours of work with `rate`
+    // interruptions per hour or more (the work itself without spot instances).
+    double deadline_lb(double work, double rate) const {
+        return rate > 0 ? hours_at_confidence_lb(work, rate, checkpoint_h_, restart_min_h_,
+                                                 job_.deadline_confidence,
+                                                 job_.deadline_hours * (1 + 2 * kSlack))
+                        : work;
     }
     bool time_only_ = false;       // time objective without a budget: prices play no part
     double bwd_fwd_ratio_ = 1.0;   // least profile backward/forward ratio (1: analytic)

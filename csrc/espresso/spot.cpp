@@ -117,4 +117,24 @@ SpotOutcome spot_outcome(double work_hours, double rate, double checkpoint, doub
     return out;
 }
 
+double hours_at_confidence_lb(double work_hours, double rate, double checkpoint,
+                              double restart, double confidence, double cap) {
+    const double w = std::isnan(work_hours) ? 0.0 : std::max(0.0, work_hours);
+    if (!(rate > 0) || w == 0) return w;
+    const double c = std::max(0.0, checkpoint), r = std::max(0.0, restart);
+    // Iterating up from k = 0 stays below the least fixed point: stopping anywhere (too many
+    // rounds, or a quantile beyond reach) still leaves a lower bound.
+    std::int64_t k = 0;
+    double t = w;
+    for (int it = 0; it < 10000; ++it) {
+        const double kd = static_cast<double>(k);
+        t = w + kd * r + 2.0 * std::sqrt(w * c * kd);
+        if (t > cap) return t;
+        const std::int64_t q = poisson_quantile(rate * t, confidence);
+        if (q <= k) return t;
+        k = q;
+    }
+    return t;
+}
+
 }  // namespace espresso

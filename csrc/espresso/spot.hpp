@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 namespace espresso {
 
@@ -43,5 +44,15 @@ double spot_factor(double rate, double checkpoint, double restart);
 // checkpoint (or a restart it cuts short) and costing a restart: a bound on its cost.
 SpotOutcome spot_outcome(double work_hours, double rate, double checkpoint, double restart,
                          double confidence);
+
+// A lower bound on spot_outcome().hours_at_confidence for any plan with at least this work,
+// rate, checkpoint time and restart, whatever its interval: with k interruptions the time is
+// at least W + k R + 2 sqrt(W C k) (the checkpoints W C / tau and the lost intervals k tau
+// together, at their least over tau), k the least fixed point of that map's Poisson
+// quantile. Grows with every argument (the search's deadline bound). The iteration stops
+// once the bound passes `cap` (the answer is then only known to be above it).
+double hours_at_confidence_lb(double work_hours, double rate, double checkpoint,
+                              double restart, double confidence,
+                              double cap = std::numeric_limits<double>::infinity());
 
 }  // namespace espresso
