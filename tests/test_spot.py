@@ -93,6 +93,29 @@ def test_factor_grows_with_rate_checkpoint_and_restart() -> None:
         assert core.spot_factor(r, c, s * 1.3 + 1e-3) >= f
 
 
+def test_deadline_bound_is_below_every_plan_with_more_rate_and_restart() -> None:
+    """hours_at_confidence_lb (the search's deadline bound) never exceeds the hours at
+    confidence of a plan with at least its work, rate and restart, and grows with each."""
+    rng = random.Random(11)
+    tight = 0
+    for _ in range(3000):
+        w, r, c = rng.uniform(0.1, 500), rng.choice([1e-3, 0.01, 0.05, 0.2]), rng.uniform(0, 0.3)
+        rs, p = rng.uniform(0, 1), rng.choice([0.5, 0.9, 0.99])
+        lb = core.hours_at_confidence_lb(w, r, c, rs, p)
+        assert lb >= w
+        r2, rs2 = r * rng.choice([1, 1.5, 3]), rs * rng.choice([1, 1.2, 2])
+        out = core.spot_outcome(w * rng.choice([1, 1.1]), r2, c, rs2, p)
+        assert lb <= out.hours_at_confidence * (1 + 1e-12), (w, r, c, rs, p, r2, rs2)
+        if r2 == r and rs2 == rs and out.bounded:
+            tight += lb >= w + 0.5 * (out.hours_at_confidence - w)
+        for more in (core.hours_at_confidence_lb(w * 1.1, r, c, rs, p),
+                     core.hours_at_confidence_lb(w, r * 1.5, c, rs, p),
+                     core.hours_at_confidence_lb(w, r, c * 1.5 + 1e-3, rs, p),
+                     core.hours_at_confidence_lb(w, r, c, rs * 1.5 + 1e-3, p)):
+            assert more >= lb * (1 - 1e-12)
+    assert tight > 100  # it is not a trivial bound: often half the overhead or more
+
+
 def test_without_interruptions_nothing_changes_and_hopeless_rates_have_no_bound() -> None:
     out = core.spot_outcome(10.0, 0.0, 0.5, 1.0, 0.9)
     assert (out.expected_hours, out.hours_at_confidence, out.interval_hours) == (10.0, 10.0, 0.0)

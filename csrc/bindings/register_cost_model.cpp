@@ -231,6 +231,9 @@ void register_cost_model(py::module_& m) {
           py::arg("restart"), py::arg("interval"));
     m.def("spot_outcome", &spot_outcome, py::arg("work_hours"), py::arg("rate"),
           py::arg("checkpoint"), py::arg("restart"), py::arg("confidence"));
+    m.def("hours_at_confidence_lb", &hours_at_confidence_lb, py::arg("work_hours"),
+          py::arg("rate"), py::arg("checkpoint"), py::arg("restart"), py::arg("confidence"),
+          py::arg("cap") = std::numeric_limits<double>::infinity());
     m.def("checkpoint_hours", &checkpoint_hours, py::arg("model"), py::arg("params"),
           py::arg("work"));
     m.def("ring_allreduce_s", &ring_allreduce_s, py::arg("bytes"), py::arg("k"), py::arg("gbs"),
