@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._optional import require
+from ._torch_ckpt import Checkpointer, interval_steps
 from ._torch_states import is_fsdp as _is_fsdp
 from ._torch_states import recomputed, shard_stage, wrap_blocks
 from ._torch_tp import (
@@ -77,8 +78,9 @@ torch = require("torch")
 nn = torch.nn
 dist = torch.distributed
 
-__all__ = ["SequenceBoundary", "StageRuntime", "TPPlan", "check_plan", "parallelize_blocks",
-           "parallelize_vocab", "rank_from_env", "setup", "shutdown", "stage_module"]
+__all__ = ["Checkpointer", "SequenceBoundary", "StageRuntime", "TPPlan", "check_plan",
+           "interval_steps", "parallelize_blocks", "parallelize_vocab", "rank_from_env", "setup",
+           "shutdown", "stage_module"]
 
 
 def check_plan(plan: Plan, num_blocks: int, batch_size: int | None = None, *,
@@ -255,6 +257,9 @@ class StageRuntime:
     """Every ``PipelineStage`` this rank runs (one unless interleaved; none on a follower)."""
     _chunks: list[Any] = field(default_factory=list)
     """A TP follower's stage modules, in the order of ``info.stages``."""
+    chunks: list[Any] = field(default_factory=list)
+    """This rank's stage modules as built (TP-split, sharded; not wrapped for DDP or as a TP
+    leader), in the order of ``info.stages``: what a checkpoint names by stage."""
     _bridge: _TPBridge | None = None
     _avg_grads: bool = False
     _token_partial: list[tuple[Any, str]] | None = None
@@ -430,7 +435,7 @@ def setup(plan: Plan, *, embedding: _nn.Module,
             return StageRuntime(info=info, module=one(chunks), stage=None, schedule=None,
                                 mesh=mesh, dp_group=dp_group, pp_group=None, tp_group=tp_group,
                                 num_stages=plan.num_stages, sharding=plan.sharding,
-                                _chunks=chunks, _bridge=bridge,
+                                _chunks=chunks, chunks=chunks, _bridge=bridge,
                                 _avg_grads=plan.dp > 1 and not fsdp,
                                 _token_partial=token_partial or None, _grad_scale=grad_scale)
         wrapped: list[_nn.Module] = [TPLeader(c, bridge, k) for k, c in enumerate(chunks)]
@@ -466,5 +471,6 @@ def setup(plan: Plan, *, embedding: _nn.Module,
     return StageRuntime(info=info, module=one(wrapped), stage=stages[0], schedule=schedule,
                         mesh=mesh, dp_group=dp_group, pp_group=pp_group, tp_group=tp_group,
                         num_stages=plan.num_stages, sharding=plan.sharding, stages=stages,
-                        _bridge=bridge, _avg_grads=bridge is not None and plan.dp > 1 and not fsdp,
+                        chunks=chunks, _bridge=bridge,
+                        _avg_grads=bridge is not None and plan.dp > 1 and not fsdp,
                         _token_partial=token_partial or None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import time
 
@@ -111,6 +112,13 @@ def main() -> None:
     ap.add_argument("--reference", action="store_true",
                     help="train the same model in this one process, without the plan, to "
                          "compare losses with a pipelined run")
+    ap.add_argument("--checkpoint-dir", help="save checkpoints here and resume from the newest")
+    ap.add_argument("--checkpoint-every", type=int,
+                    help="steps between checkpoints (default: the plan's interval, which "
+                         "spot plans carry; else none)")
+    ap.add_argument("--kill-at-step", type=int,
+                    help="rehearse a preemption: SIGKILL rank --kill-rank after this step")
+    ap.add_argument("--kill-rank", type=int, default=0)
     args = ap.parse_args()
     if not args.plan:
         ap.error("give --plan PLAN.json (or set ESPRESSO_PLAN)")
@@ -149,8 +157,18 @@ def main() -> None:
     per_replica = plan.micro_batch_size * plan.num_microbatches
     dev = next(rt.module.parameters()).device
     r = rt.info.replica
+    ck = None
+    start = 0
+    if args.checkpoint_dir:
+        ck = et.Checkpointer(rt, opt, args.checkpoint_dir, plan=plan, every=args.checkpoint_every)
+        start, consumed = ck.resume()
+        for _ in range(consumed or 0):  # the data position: batches already trained on
+            batch(gen, gbs, seq, vocab)
+        if start and r == 0 and rt.reports_loss:
+            print(f"resumed after step {start - 1} from {ck.latest()}", flush=True)
     times = []
-    for step in range(args.steps):
+    losses = None
+    for step in range(start, args.steps):
         x = batch(gen, gbs, seq, vocab)[r * per_replica:(r + 1) * per_replica].to(dev)
         t0 = time.perf_counter()
         opt.zero_grad()
@@ -164,6 +182,10 @@ def main() -> None:
             if r == 0:
                 print(f"step {step}: loss {loss.item() / plan.dp:.4f}, {dt * 1e3:.0f} ms",
                       flush=True)
+        if ck is not None:
+            ck.step_done(step, data=step + 1)
+        if args.kill_at_step == step and torch.distributed.get_rank() == args.kill_rank:
+            os.kill(os.getpid(), signal.SIGKILL)  # as a reclaimed instance: no clean-up
     timed = times[args.warmup:]
     if losses is not None and r == 0 and timed:
         est, med = plan.estimate, statistics.median(timed)
