@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from .. import __version__
 from ..errors import EspressoError
-from . import _common, info, launch, measure, planning
+from . import _common, export, info, launch, measure, planning
 
 __all__ = ["build_parser", "main"]
 
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     planning.register(sub)
     measure.register(sub)
     launch.register(sub)
+    export.register(sub)
     return parser
 
 

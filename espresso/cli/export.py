@@ -1,0 +1,60 @@
+"""``espresso export skypilot``: a plan as SkyPilot tasks."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..plan import Plan
+from . import _common as c
+
+
+def cmd_export_skypilot(args: argparse.Namespace) -> int:
+    from ..cloud.skypilot_export import export
+    from ..estimate import estimate
+
+    plan = Plan.from_json(args.plan)
+    if plan.estimate is None:  # the rent list comes from the estimate
+        from dataclasses import replace
+
+        plan = replace(plan, estimate=estimate(plan, c.load_available(args)
+                                               if args.catalog or args.spot else None))
+    files = export(plan, args.out, script=args.script, script_args=args.script_args or "",
+                   workdir=args.workdir, setup=args.setup, port=args.port,
+                   checkpoint_bucket=args.checkpoint_bucket)
+    con = c.console()
+    con.print(f"Wrote {len(files)} files to {args.out}:")
+    for f in files:
+        con.print(f"  {f.name}")
+    con.print(f"Start with: bash {args.out}/launch.sh   (after an interruption: "
+              f"bash {args.out}/recover.sh)")
+    return c.EXIT_OK
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("export", help="a plan for another tool (SkyPilot)",
+                       description="Write a plan in another tool's format.")
+    tools = p.add_subparsers(dest="tool", required=True, metavar="TOOL")
+    s = tools.add_parser(
+        "skypilot", help="SkyPilot task YAMLs and launch scripts",
+        description="One SkyPilot task per rented offer (cloud, region, instance type, count, "
+        "use_spot), each node starting the torchrun command of `espresso launch`'s rank "
+        "layout; launch.sh provisions and starts them, recover.sh restarts after an "
+        "interruption (docs/runner.md, \"Running on SkyPilot\").")
+    s.add_argument("plan", help="plan JSON file")
+    s.add_argument("--out", required=True, metavar="DIR", help="folder for the files")
+    s.add_argument("--script", default="train.py", help="training script (default train.py)")
+    s.add_argument("--script-args", default="", help="arguments for the script")
+    s.add_argument("--workdir", default=".",
+                   help="folder SkyPilot syncs to every node (default: the current one)")
+    s.add_argument("--setup", default="pip install 'espresso-planner[torch]'",
+                   help="setup command of every node")
+    s.add_argument("--port", type=int, default=29500, help="process-group port (default 29500)")
+    s.add_argument("--checkpoint-bucket", metavar="URI",
+                   help="bucket mounted at /checkpoints on every node, where the script "
+                        "checkpoints (--checkpoint-dir); required for spot plans")
+    s.add_argument("--catalog", help="catalog to estimate a plan without an estimate")
+    s.add_argument("--spot", action="store_true",
+                   help="with --catalog: add the spot rows the plan names")
+    s.set_defaults(func=cmd_export_skypilot, quota=None, max_instances=None, spot_only=False,
+                   spot_rate=None, spot_recovery=None)

@@ -1,0 +1,244 @@
+"""A plan as SkyPilot tasks: one task (one cluster) per rented offer, each node starting the
+torchrun command of ``espresso launch``'s rank layout (docs/runner.md, "Running on SkyPilot").
+
+SkyPilot gives every node of a task the same instance type, so a plan that rents several
+offers becomes several tasks, launched side by side: ``launch.sh`` provisions every cluster
+first (the task's run step is skipped while ``ESPRESSO_PROVISION_ONLY`` is set), reads the
+private address of the node that holds rank 0, then starts every group with it as
+``MASTER_ADDR``. Spot groups are ``use_spot: true``; ``recover.sh`` brings reclaimed
+clusters back and restarts every group, which resumes from the newest checkpoint
+(``--checkpoint-bucket``, mounted at ``/checkpoints`` on every node). A plan of one offer is
+also written as a SkyPilot managed job (``job.yaml``), which SkyPilot itself recovers.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .. import _io
+from ..errors import PlanError
+from ..launch import Host, NodeAssignment, assign_hosts
+from ..plan import Plan
+
+CHECKPOINT_MOUNT = "/checkpoints"
+PLAN_PATH = "/tmp/espresso/plan.json"
+DEFAULT_SETUP = "pip install 'espresso-planner[torch]'"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGroup:
+    """The instances of one offer: one SkyPilot task."""
+
+    index: int
+    provider: str
+    region: str
+    zone: str | None
+    instance_type: str
+    instances: int
+    gpus_per_instance: int
+    gpu: str
+    spot: bool
+
+    @property
+    def cluster(self) -> str:
+        return f"espresso-g{self.index}"
+
+    def host(self, node: int) -> str:
+        return f"g{self.index}n{node}"
+
+
+def node_groups(plan: Plan) -> list[NodeGroup]:
+    """The plan's rented offers (its estimate's rent list) as node groups."""
+    est = plan.estimate
+    if est is None or not est.rent:
+        msg = ("export: the plan has no estimate with a rent list; estimate it first "
+               "(`espresso estimate PLAN --json OUT`)")
+        raise PlanError(msg)
+    zone = (plan.domain or {}).get("zone")
+    out = []
+    for i, r in enumerate(est.rent):
+        if not r.get("provider") or not r.get("region"):
+            msg = (f"export: the plan rents {r.get('instance_type')} from a plain GPU-type "
+                   "catalog; SkyPilot needs cloud offers (provider, region, instance type): "
+                   "plan on the cloud snapshot or a SkyPilot catalog")
+            raise PlanError(msg)
+        n = int(r["instances"])
+        out.append(NodeGroup(index=i, provider=str(r["provider"]), region=str(r["region"]),
+                             zone=str(zone) if zone else None,
+                             instance_type=str(r["instance_type"]), instances=n,
+                             gpus_per_instance=int(r["gpus"]) // max(1, n), gpu=str(r["gpu"]),
+                             spot=r.get("market") == "spot"))
+    return out
+
+
+def layout(plan: Plan, groups: list[NodeGroup]) -> list[NodeAssignment]:
+    """Ranks onto the groups' nodes, as ``espresso launch`` assigns them to hosts."""
+    hosts = [Host(address=g.host(j), gpu=g.gpu, gpus=g.gpus_per_instance,
+                  instance_type=g.instance_type)
+             for g in groups for j in range(g.instances)]
+    return assign_hosts(plan, hosts)
+
+
+def _node_command(a: NodeAssignment, nnodes: int, world: int, script: str, script_args: str,
+                  port: int, checkpoint: bool) -> str:
+    env = (f"ESPRESSO_PLAN={PLAN_PATH} ESPRESSO_FIRST_RANK={a.first_rank} "
+           f"ESPRESSO_WORLD_SIZE={world} ESPRESSO_DEVICE_OFFSET={a.device_offset} "
+           f'MASTER_ADDR="$MASTER_ADDR" MASTER_PORT={port}')
+    args = script_args
+    if checkpoint:
+        args = f"{args} --checkpoint-dir {CHECKPOINT_MOUNT}/espresso".strip()
+    cmd = (f"{env} torchrun --nnodes={nnodes} --node-rank={a.node_rank} "
+           f"--nproc-per-node={a.nproc} --master-addr=\"$MASTER_ADDR\" "
+           f"--master-port={port + 1} {shlex.quote(script)}")
+    return f"{cmd} {args}".rstrip()
+
+
+def task(plan: Plan, group: NodeGroup, nodes: list[NodeAssignment], *, script: str,
+         script_args: str, workdir: str, setup: str, port: int, checkpoint_bucket: str | None,
+         master: tuple[int, int], managed: bool = False) -> dict[str, Any]:
+    """The SkyPilot task of one node group (a dict for ``yaml.safe_dump``)."""
+    world = plan.num_gpus
+    nnodes = len(nodes)
+    cases = []
+    for j in range(group.instances):
+        mine = [a for a in nodes if a.host.address == group.host(j)]
+        cmds = [_node_command(a, nnodes, world, script, script_args, port,
+                              checkpoint_bucket is not None) for a in mine]
+        body = (cmds[0] if len(cmds) == 1 else
+                " & ".join(cmds) + " & wait" if cmds else "echo 'no ranks on this node'")
+        cases.append(f"  {j}) {body} ;;")
+    master_group, master_node = master
+    if group.index == master_group:
+        find = (f'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | sed -n {master_node + 1}p)\n')
+    else:
+        find = ('if [ -z "${MASTER_ADDR:-}" ]; then echo "MASTER_ADDR is not set: launch '
+                'with launch.sh" >&2; exit 2; fi\n')
+    run = ('if [ -n "${ESPRESSO_PROVISION_ONLY:-}" ]; then exit 0; fi\n' + find
+           + "set -x\n" + 'case "$SKYPILOT_NODE_RANK" in\n' + "\n".join(cases) + "\nesac\n")
+    resources: dict[str, Any] = {"cloud": group.provider, "region": group.region,
+                                 "instance_type": group.instance_type,
+                                 "use_spot": group.spot}
+    if group.zone and group.zone.startswith(group.region):
+        resources["zone"] = group.zone  # a zone name (not an AZ id such as use1-az6)
+    if managed and group.spot:
+        # Recover in the same place (the plan's prices and links are this region's).
+        resources["job_recovery"] = {"strategy": "FAILOVER", "max_restarts_on_errors": 3}
+    envs: dict[str, Any] = {"ESPRESSO_PLAN": PLAN_PATH}
+    if group.index != master_group:
+        envs["MASTER_ADDR"] = None  # given at launch (launch.sh)
+    out: dict[str, Any] = {
+        "name": f"espresso-{_slug(plan.job.model.name)}-g{group.index}",
+        "num_nodes": group.instances,
+        "resources": resources,
+        "workdir": workdir,
+        "envs": envs,
+        "file_mounts": {PLAN_PATH: "plan.json"},
+        "setup": setup,
+        "run": run,
+    }
+    if checkpoint_bucket is not None:
+        out["file_mounts"][CHECKPOINT_MOUNT] = {"source": checkpoint_bucket, "mode": "MOUNT"}
+    return out
+
+
+class _Dumper(yaml.SafeDumper):  # type: ignore[misc]
+    """Multi-line strings (setup, run) as literal blocks, as people write them."""
+
+
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def _yaml(spec: dict[str, Any]) -> str:
+    return str(yaml.dump(spec, Dumper=_Dumper, sort_keys=False, width=1000))
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-") or "plan"
+
+
+def export(plan: Plan, out: str | Path, *, script: str = "train.py", script_args: str = "",
+           workdir: str = ".", setup: str = DEFAULT_SETUP, port: int = 29500,
+           checkpoint_bucket: str | None = None) -> list[Path]:
+    """Write the SkyPilot tasks of ``plan`` and their scripts to folder ``out``; returns the
+    files written. Spot plans need ``checkpoint_bucket`` (a bucket URI SkyPilot can mount) so
+    that restarts resume."""
+    groups = node_groups(plan)
+    if any(g.spot for g in groups) and checkpoint_bucket is None:
+        msg = ("export: the plan rents spot instances; give --checkpoint-bucket (e.g. "
+               "s3://my-bucket/run1) so that a restart resumes from the newest checkpoint")
+        raise PlanError(msg)
+    nodes = layout(plan, groups)
+    master_host = nodes[0].host.address  # holds rank 0
+    master = next((g.index, j) for g in groups for j in range(g.instances)
+                  if g.host(j) == master_host)
+    folder = _io.make_dir("--out", out, err=PlanError)
+    written = [_write(folder / "plan.json", plan.to_json())]
+    workdir = str(Path(workdir).resolve())
+    files = []
+    for g in groups:
+        spec = task(plan, g, nodes, script=script, script_args=script_args, workdir=workdir,
+                    setup=setup, port=port, checkpoint_bucket=checkpoint_bucket, master=master)
+        name = f"group{g.index}.yaml"
+        header = (f"# espresso: node group {g.index} of {len(groups)}: {g.instances} x "
+                  f"{g.instance_type}{' (spot)' if g.spot else ''}, {g.provider} {g.region}\n")
+        written.append(_write(folder / name, header + _yaml(spec)))
+        files.append((g, name))
+    if len(groups) == 1:
+        spec = task(plan, groups[0], nodes, script=script, script_args=script_args,
+                    workdir=workdir, setup=setup, port=port,
+                    checkpoint_bucket=checkpoint_bucket, master=master, managed=True)
+        written.append(_write(
+            folder / "job.yaml",
+            "# espresso: the whole plan as one SkyPilot managed job: sky jobs launch job.yaml\n"
+            + _yaml(spec)))
+    written.append(_write(folder / "launch.sh", _launch_script(files, master), mode=0o755))
+    written.append(_write(folder / "recover.sh", _recover_script(files, master), mode=0o755))
+    return written
+
+
+def _write(path: Path, text: str, mode: int | None = None) -> Path:
+    _io.write_text("--out", path, text, mode=mode, err=PlanError)
+    return path
+
+
+def _start(files: list[tuple[NodeGroup, str]], master: tuple[int, int]) -> str:
+    m_group, m_node = master
+    cluster = files[m_group][0].cluster
+    lines = [
+        "# The private address of the node holding rank 0 (node "
+        f"{m_node} of {cluster}).",
+        f"MASTER_ADDR=$(ssh {cluster}{'' if m_node == 0 else f'-worker{m_node}'} "
+        "\"hostname -I | awk '{print \\$1}'\")",
+        'echo "MASTER_ADDR=$MASTER_ADDR"',
+    ]
+    for g, name in files:
+        lines.append(f"sky exec {g.cluster} {name} --env MASTER_ADDR=\"$MASTER_ADDR\" -d")
+    return "\n".join(lines) + "\n"
+
+
+def _launch_script(files: list[tuple[NodeGroup, str]], master: tuple[int, int]) -> str:
+    head = ("#!/usr/bin/env bash\n# Provision every node group, then start them all "
+            "(espresso export skypilot).\nset -euo pipefail\ncd \"$(dirname \"$0\")\"\n")
+    prov = "".join(f"sky launch -y -c {g.cluster} {name} --env ESPRESSO_PROVISION_ONLY=1 "
+                   f"--env MASTER_ADDR=pending &\n" for g, name in files)
+    return head + prov + "wait\n" + _start(files, master)
+
+
+def _recover_script(files: list[tuple[NodeGroup, str]], master: tuple[int, int]) -> str:
+    head = ("#!/usr/bin/env bash\n# After an interruption: bring reclaimed clusters back, "
+            "stop what still runs, and\n# restart every group; the training resumes from the "
+            "newest checkpoint.\nset -euo pipefail\ncd \"$(dirname \"$0\")\"\n")
+    body = "".join(f"sky cancel -y -a {g.cluster} || true\n"
+                   f"sky launch -y -c {g.cluster} {name} --env ESPRESSO_PROVISION_ONLY=1 "
+                   f"--env MASTER_ADDR=pending\n" for g, name in files)
+    return head + body + _start(files, master)
