@@ -108,9 +108,10 @@ def test_spot_plans_need_a_checkpoint_bucket_and_one_offer_plans_are_managed_job
     assert job["resources"]["job_recovery"]["strategy"] == "FAILOVER"
     assert job["num_nodes"] == 1 and "MASTER_ADDR" not in job["envs"]
     # A plain GPU-type plan has no offers to rent.
+    tiny = es.Plan.from_json(TINY)
+    tiny = replace(tiny, estimate=es.estimate(tiny))
     with pytest.raises(es.PlanError, match="SkyPilot needs cloud offers"):
-        tiny = es.Plan.from_json(TINY)
-        export(replace(tiny, estimate=es.estimate(tiny)), tmp_path / "d")
+        export(tiny, tmp_path / "d")
 
 
 def test_exported_run_steps_train_the_example_as_the_reference(tmp_path: Path) -> None:
