@@ -104,9 +104,20 @@ def test_spot_plans_need_a_checkpoint_bucket_and_one_offer_plans_are_managed_job
                                      for s in spot.stages), estimate=None)
     one = replace(one, estimate=es.estimate(one, with_spot(es.Catalog.builtin())))
     export(one, tmp_path / "c", checkpoint_bucket="s3://bucket/run")
-    job = yaml.safe_load((tmp_path / "c" / "job.yaml").read_text())
+    job = yaml.safe_load((tmp_path / "c" / "jobs" / "group0.yaml").read_text())
     assert job["resources"]["job_recovery"]["strategy"] == "FAILOVER"
     assert job["num_nodes"] == 1 and "MASTER_ADDR" not in job["envs"]
+    # Several groups as managed jobs: rank 0's group publishes its address in the bucket.
+    g0 = yaml.safe_load((tmp_path / "b" / "jobs" / "group0.yaml").read_text())
+    g1 = yaml.safe_load((tmp_path / "b" / "jobs" / "group1.yaml").read_text())
+    assert "> /checkpoints/espresso/master-addr" in g0["run"]
+    assert "MASTER_ADDR=$(cat /checkpoints/espresso/master-addr)" in g1["run"]
+    assert "MASTER_ADDR" not in g1["envs"]
+    assert all(g["resources"]["job_recovery"]["max_restarts_on_errors"] > 0 for g in (g0, g1))
+    assert (tmp_path / "b" / "jobs.sh").read_text().count("sky jobs launch") == 2
+    subprocess.run(["bash", "-n", str(tmp_path / "b" / "jobs.sh")], check=True)
+    for f in (tmp_path / "b" / "jobs").glob("*.yaml"):
+        subprocess.run(["bash", "-n", "-c", yaml.safe_load(f.read_text())["run"]], check=True)
     # A plain GPU-type plan has no offers to rent.
     tiny = es.Plan.from_json(TINY)
     tiny = replace(tiny, estimate=es.estimate(tiny))
@@ -161,7 +172,7 @@ def test_skypilot_loads_every_exported_task(tmp_path: Path) -> None:
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
-        for f in sorted(tmp_path.glob("*.yaml")):
+        for f in sorted([*tmp_path.glob("*.yaml"), *tmp_path.glob("jobs/*.yaml")]):
             task = sky.Task.from_yaml(str(f))
             assert task.num_nodes >= 1
     finally:

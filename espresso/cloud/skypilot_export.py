@@ -7,8 +7,10 @@ first (the task's run step is skipped while ``ESPRESSO_PROVISION_ONLY`` is set),
 private address of the node that holds rank 0, then starts every group with it as
 ``MASTER_ADDR``. Spot groups are ``use_spot: true``; ``recover.sh`` brings reclaimed
 clusters back and restarts every group, which resumes from the newest checkpoint
-(``--checkpoint-bucket``, mounted at ``/checkpoints`` on every node). A plan of one offer is
-also written as a SkyPilot managed job (``job.yaml``), which SkyPilot itself recovers.
+(``--checkpoint-bucket``, mounted at ``/checkpoints`` on every node). ``jobs.sh`` runs every
+group as a SkyPilot managed job instead, which SkyPilot recovers by itself: the group of rank
+0 writes its address to the bucket on every start and the others read it (a plan of one
+offer needs no bucket for that).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..launch import Host, NodeAssignment, assign_hosts
 from ..plan import Plan
 
 CHECKPOINT_MOUNT = "/checkpoints"
+MASTER_FILE = f"{CHECKPOINT_MOUNT}/espresso/master-addr"
 PLAN_PATH = "/tmp/espresso/plan.json"
 DEFAULT_SETUP = "pip install 'espresso-planner[torch]'"
 
@@ -113,8 +116,18 @@ def task(plan: Plan, group: NodeGroup, nodes: list[NodeAssignment], *, script: s
                 " & ".join(cmds) + " & wait" if cmds else "echo 'no ranks on this node'")
         cases.append(f"  {j}) {body} ;;")
     master_group, master_node = master
+    shared = managed and checkpoint_bucket is not None  # the address travels by the bucket
     if group.index == master_group:
-        find = (f'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | sed -n {master_node + 1}p)\n')
+        find = f'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | sed -n {master_node + 1}p)\n'
+        if shared:
+            find += (f'if [ "$SKYPILOT_NODE_RANK" = {master_node} ]; then mkdir -p '
+                     f'{CHECKPOINT_MOUNT}/espresso; echo "$MASTER_ADDR" > {MASTER_FILE}.$$ && '
+                     f'mv {MASTER_FILE}.$$ {MASTER_FILE}; fi\n')
+    elif shared:
+        # Written by the group of rank 0 each time it starts; a stale one (it was
+        # reclaimed and came back elsewhere) fails the rendezvous, and the restart reads anew.
+        find = (f"for _ in $(seq 360); do [ -s {MASTER_FILE} ] && break; sleep 5; done\n"
+                f"MASTER_ADDR=$(cat {MASTER_FILE})\n")
     else:
         find = ('if [ -z "${MASTER_ADDR:-}" ]; then echo "MASTER_ADDR is not set: launch '
                 'with launch.sh" >&2; exit 2; fi\n')
@@ -125,11 +138,12 @@ def task(plan: Plan, group: NodeGroup, nodes: list[NodeAssignment], *, script: s
                                  "use_spot": group.spot}
     if group.zone and group.zone.startswith(group.region):
         resources["zone"] = group.zone  # a zone name (not an AZ id such as use1-az6)
-    if managed and group.spot:
-        # Recover in the same place (the plan's prices and links are this region's).
-        resources["job_recovery"] = {"strategy": "FAILOVER", "max_restarts_on_errors": 3}
+    if managed:
+        # Recover in the same place (the plan's prices and links are this region's); a group
+        # whose peers were reclaimed fails too and restarts, resuming from the checkpoint.
+        resources["job_recovery"] = {"strategy": "FAILOVER", "max_restarts_on_errors": 20}
     envs: dict[str, Any] = {"ESPRESSO_PLAN": PLAN_PATH}
-    if group.index != master_group:
+    if group.index != master_group and not shared:
         envs["MASTER_ADDR"] = None  # given at launch (launch.sh)
     out: dict[str, Any] = {
         "name": f"espresso-{_slug(plan.job.model.name)}-g{group.index}",
@@ -193,17 +207,29 @@ def export(plan: Plan, out: str | Path, *, script: str = "train.py", script_args
                   f"{g.instance_type}{' (spot)' if g.spot else ''}, {g.provider} {g.region}\n")
         written.append(_write(folder / name, header + _yaml(spec)))
         files.append((g, name))
-    if len(groups) == 1:
-        spec = task(plan, groups[0], nodes, script=script, script_args=script_args,
-                    workdir=workdir, setup=setup, port=port,
-                    checkpoint_bucket=checkpoint_bucket, master=master, managed=True)
-        written.append(_write(
-            folder / "job.yaml",
-            "# espresso: the whole plan as one SkyPilot managed job: sky jobs launch job.yaml\n"
-            + _yaml(spec)))
+    # Managed jobs (SkyPilot recovers each group): one group finds its master itself; several
+    # share rank 0's address through the checkpoint bucket.
+    if len(groups) == 1 or checkpoint_bucket is not None:
+        jobs = _io.make_dir("--out", folder / "jobs", err=PlanError)
+        for g in groups:
+            spec = task(plan, g, nodes, script=script, script_args=script_args,
+                        workdir=workdir, setup=setup, port=port,
+                        checkpoint_bucket=checkpoint_bucket, master=master, managed=True)
+            written.append(_write(jobs / f"group{g.index}.yaml",
+                                  f"# espresso: node group {g.index} as a SkyPilot managed job "
+                                  "(jobs.sh launches them all)\n" + _yaml(spec)))
+        written.append(_write(folder / "jobs.sh", _jobs_script(groups), mode=0o755))
     written.append(_write(folder / "launch.sh", _launch_script(files, master), mode=0o755))
     written.append(_write(folder / "recover.sh", _recover_script(files, master), mode=0o755))
     return written
+
+
+def _jobs_script(groups: list[NodeGroup]) -> str:
+    return ("#!/usr/bin/env bash\n# Every node group as a SkyPilot managed job: SkyPilot "
+            "brings reclaimed spot\n# instances back and restarts the group, which resumes "
+            "from the newest checkpoint.\nset -euo pipefail\ncd \"$(dirname \"$0\")\"\n"
+            + "".join(f"sky jobs launch -y -d -n {g.cluster} jobs/group{g.index}.yaml\n"
+                      for g in groups))
 
 
 def _write(path: Path, text: str, mode: int | None = None) -> Path:
