@@ -79,6 +79,23 @@ def state_bytes(rt: object, opt: object) -> tuple[int, int, int]:
     return w, g, o
 
 
+def worker_many(rank: int, jobs: list[tuple[str, int, str]]) -> None:
+    """`worker` for several plans of one world size in the same processes, one after the
+    other (each with its own process group): starting the processes (importing torch) is
+    most of these tests' time. `jobs`: (plan JSON, port, folder for the held states or
+    "")."""
+    for plan_json, port, states, *label in jobs:
+        if states:
+            os.environ["ESPRESSO_TEST_STATES"] = states
+        else:
+            os.environ.pop("ESPRESSO_TEST_STATES", None)
+        try:
+            worker(rank, plan_json, port)
+        except Exception as exc:
+            msg = f"{label[0] if label else 'plan'} (rank {rank}): {exc!r}"
+            raise AssertionError(msg) from exc
+
+
 def worker(rank: int, plan_json: str, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import espresso.torch as et
@@ -183,32 +200,41 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize(
-    ("stages", "dp", "m", "schedule", "tp", "sp", "v"),
-    [
-        ([(0, 1), (1, 4)], 1, 4, "1f1b", None, False, 1),   # two stages, uneven split
-        ([(0, 3), (3, 4)], 2, 2, "1f1b", None, False, 1),   # pp 2 x dp 2
-        ([(0, 2), (2, 4)], 1, 3, "gpipe", None, False, 1),  # GPipe
-        ([(0, 1), (1, 4)], 1, 4, "1f1b", (2, 1), False, 1),  # tp 2 feeding tp 1
-        ([(0, 3), (3, 4)], 2, 2, "gpipe", (1, 2), False, 1),  # tp 1 feeding tp 2, dp 2
-        ([(0, 4)], 1, 2, "1f1b", (2,), False, 1),  # one stage of tp 2
-        ([(0, 1), (1, 2), (2, 4)], 1, 2, "1f1b", None, False, 1),  # 1F1B, M below stages
-        ([(0, 1), (1, 4)], 1, 4, "1f1b", (2, 1), True, 1),   # sequence parallelism on stage 0
-        ([(0, 3), (3, 4)], 2, 2, "gpipe", (1, 2), True, 1),  # ... on the last stage, dp 2
-        # Interleaved 1F1B: two GPU groups with two stages each (virtual_stages 2)
-        ([(0, 1), (1, 2), (2, 3), (3, 4)], 1, 4, "1f1b", None, False, 2),
-        ([(0, 1), (1, 2), (2, 3), (3, 4)], 2, 2, "1f1b", None, False, 2),  # with DDP
-        ([(0, 1), (1, 2), (2, 3), (3, 4)], 1, 2, "1f1b", (2, 1, 2, 1), True, 2),  # tp 2, SP
-    ],
-    ids=["uneven-1f1b", "pp2xdp2", "gpipe", "tp2-tp1", "tp1-tp2-dp2", "tp2-alone", "m-below-pp",
-         "tp2-sp-tp1", "tp1-tp2-sp-dp2", "interleaved", "interleaved-dp2", "interleaved-tp2-sp"],
-)
-def test_pipeline_matches_single_process(stages: list[tuple[int, int]], dp: int, m: int,
-                                         schedule: str, tp: tuple[int, ...] | None,
-                                         sp: bool, v: int) -> None:
-    plan = make_plan(stages, dp, m, schedule, tp, sequence_parallel=sp, virtual_stages=v)
-    torch.multiprocessing.spawn(worker, args=(plan.to_json(), free_port()),
-                                nprocs=plan.num_gpus, join=True)
+PIPELINES = [
+    # (id, stages, dp, micro-batches, schedule, tp, sequence parallel, virtual stages)
+    ("uneven-1f1b", [(0, 1), (1, 4)], 1, 4, "1f1b", None, False, 1),  # two stages, uneven
+    ("pp2xdp2", [(0, 3), (3, 4)], 2, 2, "1f1b", None, False, 1),     # pp 2 x dp 2
+    ("gpipe", [(0, 2), (2, 4)], 1, 3, "gpipe", None, False, 1),      # GPipe
+    ("tp2-tp1", [(0, 1), (1, 4)], 1, 4, "1f1b", (2, 1), False, 1),    # tp 2 feeding tp 1
+    ("tp1-tp2-dp2", [(0, 3), (3, 4)], 2, 2, "gpipe", (1, 2), False, 1),  # tp 1 -> tp 2, dp 2
+    ("tp2-alone", [(0, 4)], 1, 2, "1f1b", (2,), False, 1),           # one stage of tp 2
+    ("m-below-pp", [(0, 1), (1, 2), (2, 4)], 1, 2, "1f1b", None, False, 1),  # M < stages
+    ("tp2-sp-tp1", [(0, 1), (1, 4)], 1, 4, "1f1b", (2, 1), True, 1),  # SP on stage 0
+    ("tp1-tp2-sp-dp2", [(0, 3), (3, 4)], 2, 2, "gpipe", (1, 2), True, 1),  # ... last, dp 2
+    # Interleaved 1F1B: two GPU groups with two stages each (virtual_stages 2)
+    ("interleaved", [(0, 1), (1, 2), (2, 3), (3, 4)], 1, 4, "1f1b", None, False, 2),
+    ("interleaved-dp2", [(0, 1), (1, 2), (2, 3), (3, 4)], 2, 2, "1f1b", None, False, 2),
+    ("interleaved-tp2-sp", [(0, 1), (1, 2), (2, 3), (3, 4)], 1, 2, "1f1b", (2, 1, 2, 1), True,
+     2),
+]
+
+
+def _pipeline_plans() -> dict[int, list[tuple[str, es.Plan]]]:
+    """The cases by world size: the plans of one size run in the same processes."""
+    out: dict[int, list[tuple[str, es.Plan]]] = {}
+    for name, stages, dp, m, schedule, tp, sp, v in PIPELINES:
+        plan = make_plan(stages, dp, m, schedule, tp, sequence_parallel=sp, virtual_stages=v)
+        out.setdefault(plan.num_gpus, []).append((name, plan))
+    return out
+
+
+@pytest.mark.parametrize("world", sorted(_pipeline_plans()),
+                         ids=lambda w: "+".join(n for n, _ in _pipeline_plans()[w]))
+def test_pipeline_matches_single_process(world: int) -> None:
+    """Each plan's losses and every gradient equal one process's, twice, and one SGD step
+    moves every parameter alike (`worker`)."""
+    jobs = [(plan.to_json(), free_port(), "", name) for name, plan in _pipeline_plans()[world]]
+    torch.multiprocessing.spawn(worker_many, args=(jobs,), nprocs=world, join=True)
 
 
 @pytest.mark.parametrize(
@@ -234,14 +260,13 @@ def test_sharded_plans_match_single_process(stages: list[tuple[int, int]],
     states the estimate says (weights, gradients, optimizer states per GPU)."""
     plan = make_plan(stages, 2, 2, "1f1b", tp, sharding=sharding, recompute=recompute,
                      sequence_parallel=sp, virtual_stages=v)
-    monkeypatch.setenv("ESPRESSO_TEST_STATES", str(tmp_path))
-    torch.multiprocessing.spawn(worker, args=(plan.to_json(), free_port()),
-                                nprocs=plan.num_gpus, join=True)
     plain = make_plan(stages, 2, 2, "1f1b", tp, sequence_parallel=sp, virtual_stages=v)
     (tmp_path / "plain").mkdir()
-    monkeypatch.setenv("ESPRESSO_TEST_STATES", str(tmp_path / "plain"))
-    torch.multiprocessing.spawn(worker, args=(plain.to_json(), free_port()),
-                                nprocs=plain.num_gpus, join=True)
+    # The sharded plan, then the same plan without sharding, in the same processes.
+    torch.multiprocessing.spawn(
+        worker_many, args=([(plan.to_json(), free_port(), str(tmp_path)),
+                            (plain.to_json(), free_port(), str(tmp_path / "plain"))],),
+        nprocs=plan.num_gpus, join=True)
 
     def held(d: Path) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {}
