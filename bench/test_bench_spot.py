@@ -4,6 +4,7 @@ confidence 0.5, 0.9 and 0.99, the saving, and the time each search takes.
 
     pytest bench/test_bench_spot.py --benchmark-columns=min
     python bench/test_bench_spot.py        # the table of bench/README.md
+    python bench/test_bench_spot.py --rates 0.05,0.5   # at other interruption rates
 
 At most two instances of each offer (`--max-instances 2`) and the providers' default
 interruption rates (docs/cost-model.md, "Spot capacity"). Results: bench/README.md.
@@ -66,7 +67,33 @@ def test_spot_search(benchmark: Any, model: str, confidence: float | None) -> No
                                 spot=est.spot is not None)
 
 
+def rates(values: list[float]) -> None:
+    """The best plan of each job with every spot row at each interruption rate."""
+    on_demand, _ = catalogs()
+    for model in JOBS:
+        for rate in values:
+            t = time.perf_counter()
+            res = es.search(job(model), with_spot(on_demand, rate=rate), time_limit_s=120)
+            took = time.perf_counter() - t
+            est = res.plans[0].estimate
+            assert est is not None
+            rent = " + ".join(f"{r['instances']} x {r['instance_type']}"
+                              f"{' (spot)' if r.get('market') == 'spot' else ''}"
+                              for r in est.rent)
+            at = est.spot.hours_at_confidence if est.spot else est.total_hours
+            every = (f", checkpoint every {est.spot.checkpoint_interval_hours:.2f} h"
+                     if est.spot else "")
+            proof = "proven" if res.stats.gap == 0.0 else f"gap {res.stats.gap:.1%}"
+            print(f"| {model} | {rate:g} | {rent} | {est.total_hours:,.1f} | {at:,.1f} | "
+                  f"${est.total_usd:,.0f} | {took:.1f} s, {proof}{every} |")
+
+
 def main() -> None:
+    import sys
+
+    if len(sys.argv) > 2 and sys.argv[1] == "--rates":
+        rates([float(x) for x in sys.argv[2].split(",")])
+        return
     on_demand, spot = catalogs()
     print("| model | market | confidence | plan | expected hours | hours at confidence | "
           "expected USD | saving | search |")
