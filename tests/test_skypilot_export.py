@@ -63,7 +63,8 @@ def test_tasks_name_the_rented_offers_and_every_rank_runs_once(tmp_path: Path) -
         assert (res["cloud"], res["region"], res["instance_type"]) == (
             r["provider"], r["region"], r["instance_type"])
         assert spec["num_nodes"] == r["instances"] and res["use_spot"] is False
-        assert spec["file_mounts"]["/tmp/espresso/plan.json"] == "plan.json"
+        mounted = spec["file_mounts"]["/tmp/espresso/plan.json"]
+        assert mounted == str((tmp_path / "plan.json").resolve())
     ranks: list[int] = []
     node_ranks = []
     for _, _, cmd in _commands(tmp_path):

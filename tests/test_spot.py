@@ -282,33 +282,29 @@ def spot_instance(seed: int) -> tuple[es.Job, es.Catalog, es.CostParams]:
     return job, catalog, params
 
 
-@pytest.mark.parametrize("seed", range(120))
-def test_search_with_spot_rows_equals_brute_force(seed: int) -> None:
+def _matches_brute_force(seed: int, objective: str) -> None:
     job, catalog, params = spot_instance(seed)
     expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=2,
-                                    max_tp=2, cost_model=params)
-    r = es.search(job, catalog, max_stages=2, cost_model=params, **SMALL)  # type: ignore[arg-type]
+                                    max_tp=2, cost_model=params, objective=objective)
+    r = es.search(job, catalog, max_stages=2, cost_model=params, objective=objective,
+                  **SMALL)  # type: ignore[arg-type]
     assert r.stats.complete
-    got = r.plans[0].estimate.total_usd if r.plans else math.inf  # type: ignore[union-attr]
+    est = r.plans[0].estimate if r.plans else None
+    got = math.inf if est is None else (est.total_usd if objective == "cost" else est.total_hours)
     if math.isinf(expected):
         assert math.isinf(got)
     else:
         assert got == pytest.approx(expected, rel=1e-9), plan
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_search_with_spot_rows_equals_brute_force(seed: int) -> None:
+    _matches_brute_force(seed, "cost")
 
 
 @pytest.mark.parametrize("seed", range(30))
 def test_fastest_plan_with_spot_rows_equals_brute_force(seed: int) -> None:
-    job, catalog, params = spot_instance(500 + seed)
-    expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=2,
-                                    max_tp=2, cost_model=params, objective="time")
-    r = es.search(job, catalog, max_stages=2, cost_model=params, objective="time",
-                  **SMALL)  # type: ignore[arg-type]
-    assert r.stats.complete
-    got = r.plans[0].estimate.total_hours if r.plans else math.inf  # type: ignore[union-attr]
-    if math.isinf(expected):
-        assert math.isinf(got)
-    else:
-        assert got == pytest.approx(expected, rel=1e-9), plan
+    _matches_brute_force(500 + seed, "time")
 
 
 def test_spot_instances_appear_in_optima_and_are_not_always_chosen() -> None:

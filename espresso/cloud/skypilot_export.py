@@ -103,7 +103,8 @@ def _node_command(a: NodeAssignment, nnodes: int, world: int, script: str, scrip
 
 def task(plan: Plan, group: NodeGroup, nodes: list[NodeAssignment], *, script: str,
          script_args: str, workdir: str, setup: str, port: int, checkpoint_bucket: str | None,
-         master: tuple[int, int], managed: bool = False) -> dict[str, Any]:
+         master: tuple[int, int], managed: bool = False,
+         plan_file: str = "plan.json") -> dict[str, Any]:
     """The SkyPilot task of one node group (a dict for ``yaml.safe_dump``)."""
     world = plan.num_gpus
     nnodes = len(nodes)
@@ -151,7 +152,7 @@ def task(plan: Plan, group: NodeGroup, nodes: list[NodeAssignment], *, script: s
         "resources": resources,
         "workdir": workdir,
         "envs": envs,
-        "file_mounts": {PLAN_PATH: "plan.json"},
+        "file_mounts": {PLAN_PATH: plan_file},
         "setup": setup,
         "run": run,
     }
@@ -198,10 +199,13 @@ def export(plan: Plan, out: str | Path, *, script: str = "train.py", script_args
     folder = _io.make_dir("--out", out, err=PlanError)
     written = [_write(folder / "plan.json", plan.to_json())]
     workdir = str(Path(workdir).resolve())
+    # Absolute: SkyPilot checks local mount sources wherever it is run from.
+    plan_file = str((folder / "plan.json").resolve())
     files = []
     for g in groups:
         spec = task(plan, g, nodes, script=script, script_args=script_args, workdir=workdir,
-                    setup=setup, port=port, checkpoint_bucket=checkpoint_bucket, master=master)
+                    setup=setup, port=port, checkpoint_bucket=checkpoint_bucket, master=master,
+                    plan_file=plan_file)
         name = f"group{g.index}.yaml"
         header = (f"# espresso: node group {g.index} of {len(groups)}: {g.instances} x "
                   f"{g.instance_type}{' (spot)' if g.spot else ''}, {g.provider} {g.region}\n")
@@ -214,7 +218,8 @@ def export(plan: Plan, out: str | Path, *, script: str = "train.py", script_args
         for g in groups:
             spec = task(plan, g, nodes, script=script, script_args=script_args,
                         workdir=workdir, setup=setup, port=port,
-                        checkpoint_bucket=checkpoint_bucket, master=master, managed=True)
+                        checkpoint_bucket=checkpoint_bucket, master=master, managed=True,
+                        plan_file=plan_file)
             written.append(_write(jobs / f"group{g.index}.yaml",
                                   f"# espresso: node group {g.index} as a SkyPilot managed job "
                                   "(jobs.sh launches them all)\n" + _yaml(spec)))
