@@ -79,7 +79,7 @@ def test_tasks_name_the_rented_offers_and_every_rank_runs_once(tmp_path: Path) -
     g0 = yaml.safe_load((tmp_path / "group0.yaml").read_text())
     g1 = yaml.safe_load((tmp_path / "group1.yaml").read_text())
     assert "SKYPILOT_NODE_IPS" in g0["run"] and "MASTER_ADDR" not in g0["envs"]
-    assert g1["envs"]["MASTER_ADDR"] is None
+    assert g1["envs"]["MASTER_ADDR"] == ""
     for script in ("launch.sh", "recover.sh"):
         assert os.access(tmp_path / script, os.X_OK)
         subprocess.run(["bash", "-n", str(tmp_path / script)], check=True)

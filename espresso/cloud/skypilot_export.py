@@ -145,7 +145,9 @@ def task(plan: Plan, group: NodeGroup, nodes: list[NodeAssignment], *, script: s
         resources["job_recovery"] = {"strategy": "FAILOVER", "max_restarts_on_errors": 20}
     envs: dict[str, Any] = {"ESPRESSO_PLAN": PLAN_PATH}
     if group.index != master_group and not shared:
-        envs["MASTER_ADDR"] = None  # given at launch (launch.sh)
+        # Given at launch (launch.sh: --env MASTER_ADDR=...). Empty rather than null: SkyPilot
+        # refuses to load a task with a null variable that no --env sets.
+        envs["MASTER_ADDR"] = ""
     out: dict[str, Any] = {
         "name": f"espresso-{_slug(plan.job.model.name)}-g{group.index}",
         "num_nodes": group.instances,
