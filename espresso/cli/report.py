@@ -34,6 +34,18 @@ def _rent(gpus: dict[str, int]) -> str:
     return ", ".join(f"{c} x {g}" for g, c in gpus.items())
 
 
+def _rented(est: Estimate) -> str:
+    """``2 x p4d.24xlarge (spot), aws us-east-1 + ...``, or ``N x GPU`` without a rent list."""
+    if not est.rent:
+        return _rent(est.gpus)
+    parts = []
+    for r in est.rent:
+        where = f" ({r['provider']} {r['region']})" if r.get("provider") else ""
+        spot = " spot" if r.get("market") == "spot" else ""
+        parts.append(f"{r['instances']} x {r['instance_type']}{spot}{where}")
+    return " + ".join(parts)
+
+
 def rent_lines(est: Estimate) -> list[str]:
     """``2 x p4d.24xlarge, aws us-east-1: 16 x A100-40GB, $43.92/h`` per catalog row."""
     out = []
@@ -223,7 +235,7 @@ def _compare_line(plan: Plan, comparison: Comparison, console: Console) -> None:
         return
     o_est = other.estimate
     what = (f"the {'cheapest' if objective == 'cost' else 'fastest'} {label} plan "
-            f"({escape(_rent(o_est.gpus))}, ${o_est.total_usd:,.2f}, "
+            f"({escape(_rented(o_est))}, ${o_est.total_usd:,.2f}, "
             f"{_hours(o_est.total_hours)}){note}")
     # Cost: what mixing types saves; time (a budget): how much faster it is.
     ours, theirs = ((est.total_usd, o_est.total_usd) if objective == "cost"
