@@ -46,6 +46,20 @@ def _workload(plan: Plan) -> Any:
     return w
 
 
+def _with_recorded_terms(catalog: Catalog, plan: Any) -> Catalog:
+    """Spot rows with the interruption rate and recovery the plan's estimate recorded."""
+    from dataclasses import replace
+
+    terms = {r["offer"]: r for r in (plan.estimate.rent if plan.estimate is not None else ())
+             if r.get("market") == "spot" and "interruptions_per_hour" in r}
+    if not terms:
+        return catalog
+    rows = tuple(replace(g, interruptions_per_hour=float(terms[g.name]["interruptions_per_hour"]),
+                         recovery_hours=float(terms[g.name].get("recovery_hours", g.recovery)))
+                 if g.name in terms else g for g in catalog.gpus)
+    return Catalog(gpus=rows, notes=catalog.notes)
+
+
 def _spot(res: Any, job: Job) -> SpotEstimate | None:
     """The spot terms of a core estimate (``None`` without spot instances)."""
     if res.interruptions_per_hour <= 0:
@@ -190,7 +204,9 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
         if any(st.market == "spot" for st in plan.stages):
             from .cloud.spot import with_spot
 
-            catalog = with_spot(catalog)  # the providers' default interruption terms
+            # The interruption terms the plan was made with (its rent list), else the
+            # providers' defaults.
+            catalog = _with_recorded_terms(with_spot(catalog), plan)
     params = plan.cost_model if cost_model is None else cost_model
     # Only the catalog rows the plan uses travel to the core.
     names: list[str] = []

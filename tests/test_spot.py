@@ -377,6 +377,10 @@ def test_cli_plans_with_spot_and_prints_the_spot_terms(
     # `espresso estimate` of it needs the spot rows and prints the spot lines.
     assert main(["estimate", str(out_json), "--spot-rate", "0.05"]) == 0
     assert "Spot: expected" in capsys.readouterr().out
+    # Without a catalog, the terms recorded in the plan's rent list, not the defaults.
+    assert es.estimate(plan).total_usd == pytest.approx(est.total_usd)
+    assert es.estimate(dataclasses.replace(plan, estimate=None)).total_usd != pytest.approx(
+        est.total_usd)
 
 
 def test_cli_refuses_bad_spot_input(capsys: pytest.CaptureFixture[str]) -> None:
