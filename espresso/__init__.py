@@ -21,6 +21,7 @@ from .errors import (
 )
 from .estimate import estimate
 from .estimate_result import Estimate, SpotEstimate, StageEstimate
+from .frontier import Frontier, FrontierPoint, frontier
 from .job import Job
 from .model import ModelSpec
 from .plan import Plan, Stage
@@ -37,6 +38,8 @@ __all__ = [
     "CostParams",
     "EspressoError",
     "Estimate",
+    "Frontier",
+    "FrontierPoint",
     "GpuType",
     "InfeasibleError",
     "Job",
@@ -56,6 +59,7 @@ __all__ = [
     "Stage",
     "StageEstimate",
     "estimate",
+    "frontier",
     "parse_count",
     "parse_hours",
     "place",

@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from .. import __version__
 from ..errors import EspressoError
-from . import _common, export, info, launch, measure, planning
+from . import _common, export, frontier, info, launch, measure, planning
 
 __all__ = ["build_parser", "main"]
 
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     info.register(sub)
     planning.register(sub)
+    frontier.register(sub)
     measure.register(sub)
     launch.register(sub)
     export.register(sub)

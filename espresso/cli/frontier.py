@@ -1,0 +1,91 @@
+"""``espresso frontier``: the cost–deadline frontier of a job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from .. import _io
+from ..errors import JobError
+from ..frontier import frontier
+from ..job import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LEN
+from ..progress import DEFAULT_TIME_LIMIT_S
+from ..units import format_hours as _hours
+from . import _common as c
+from .planning import _cost_model, job_from_args
+from .report import _rented
+
+
+def cmd_frontier(args: argparse.Namespace) -> int:
+    c.check_output("--json", args.json)
+    catalog = c.load_available(args)
+    args.deadline = args.deadline or "1e9"  # the frontier sets every deadline itself
+    job = job_from_args(args)
+    con = c.console()
+    with con.status("Searching the frontier (each step is one exact search)..."):
+        f = frontier(job, catalog, max_points=args.max_points, time_limit_s=args.time_limit,
+                     threads=args.threads, cost_model=_cost_model(args))
+    if args.json:  # before anything else can fail
+        data = {"schema": "espresso.frontier/1", "complete": f.complete,
+                "points": [{"hours": p.hours,
+                            "up_to_hours": None if p.up_to == float("inf") else p.up_to,
+                            "total_usd": p.usd,
+                            "proven": p.proven, "plan": p.plan.to_dict()} for p in f.points]}
+        _io.write_text("--json", args.json, json.dumps(data, indent=2) + "\n", err=JobError)
+    if not f.points:
+        con.print("[red]No plan:[/] nothing fits this job in the catalog, whatever the "
+                  "deadline.")
+        return c.EXIT_INFEASIBLE
+    table = Table(title=f"Cost–deadline frontier of {escape(job.model.name)}",
+                  caption="each row: the cheapest plan for every deadline from its hours "
+                          "up to the row above")
+    for col in ("deadline from", "to", "total", "$/h", "rent", "proven"):
+        table.add_column(col, justify="left" if col == "rent" else "right")
+    for p in f.points:
+        est = p.plan.estimate
+        assert est is not None
+        table.add_row(_hours(p.hours), "any" if p.up_to == float("inf") else _hours(p.up_to),
+                      f"${p.usd:,.2f}", f"{est.hourly_usd:,.2f}", escape(_rented(est)),
+                      "yes" if p.proven else "no")
+    con.print(table)
+    con.print(f"{len(f.points)} points in {f.seconds:.1f} s; "
+              + ("complete: no plan is faster than the last" if f.complete else
+                 "[yellow]incomplete[/]: the time limit or --max-points stopped it "
+                 "(faster plans may remain)"))
+    if args.json:
+        con.print(f"Wrote the frontier to {escape(args.json)}")
+    return c.EXIT_OK
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "frontier", help="the cheapest plan for every deadline (the cost-deadline frontier)",
+        description="The exact cost-deadline frontier: every breakpoint where the cheapest "
+        "plan changes, each a proven optimum, found by parametric search (docs/search.md, "
+        "\"The frontier\").")
+    p.add_argument("--model", help="preset name, HF config.json, or model YAML")
+    p.add_argument("--tokens", help="training tokens, e.g. 2e10 or 20B")
+    p.add_argument("--iterations", help="optimizer steps (instead of --tokens)")
+    p.add_argument("--seq-len", type=int, help=f"sequence length (default {DEFAULT_SEQ_LEN})")
+    p.add_argument("--global-batch", type=int,
+                   help=f"sequences per step (default {DEFAULT_GLOBAL_BATCH_SIZE})")
+    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), help="default adam")
+    p.add_argument("--job", metavar="FILE", help="job YAML/JSON (its deadline is ignored)")
+    p.add_argument("--deadline-confidence", type=float, metavar="P",
+                   help="with spot instances: the probability with which deadlines hold")
+    c.add_catalog_arg(p)
+    c.add_availability_args(p)
+    p.add_argument("--max-points", type=int, default=50, help="at most this many steps (50)")
+    p.add_argument("--time-limit", type=float, metavar="S", default=5 * DEFAULT_TIME_LIMIT_S,
+                   help=f"wall-clock limit of the whole command (default "
+                        f"{5 * DEFAULT_TIME_LIMIT_S:g} s)")
+    p.add_argument("--threads", type=int, help="search threads (default: all cores)")
+    p.add_argument("--json", metavar="OUT", help="write the frontier (every plan) to OUT")
+    c.add_cost_model_arg(p, "instead of the defaults")
+    p.add_argument("--checkpoint-gbs", type=float, metavar="GB/s",
+                   help="with spot instances: checkpoint bandwidth (default 2)")
+    p.set_defaults(func=cmd_frontier, deadline=None)
