@@ -243,6 +243,7 @@ class PlaceOptions:
     node_limit: int
     memo_limit: int
     ratio_order: bool
+    even_split: bool
     time_limit_s: float
     table_limit: int
     def __init__(self) -> None: ...
@@ -287,6 +288,7 @@ class SearchOptions:
     max_stages: int
     max_stages_by_types: list[int]
     max_tp: int
+    min_tp: int
     max_dp: int
     objective: Objective
     budget_usd: float

@@ -73,11 +73,30 @@ def fixed_microbatch(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
     return _best(job, catalog, **{**kw, "micro_batch_sizes": (1,)})
 
 
+def even_split(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
+    """A heterogeneous allocation with its layers split evenly over the stages and one
+    tensor-parallel width for every stage: what planners without a placer do. The cheapest
+    such plan over every width (the allocation and the stage order are still searched)."""
+    top = int(kw.pop("max_tp", 8))
+    best: Plan | None = None
+    w = 1
+    while w <= top:
+        p = _best(job, catalog, **{**kw, "min_tp": w, "max_tp": w, "even_split": True})
+        if p is not None and p.estimate is not None and (
+                best is None or best.estimate is None
+                or p.estimate.total_usd < best.estimate.total_usd):
+            best = p
+        w *= 2
+    return best
+
+
 BASELINES: dict[str, Baseline] = {b.name: b for b in (
     Baseline("homogeneous-cheapest", "the best plan on a single GPU type (what most users do)",
              homogeneous_cheapest),
     Baseline("fastest-gpu", "rent the fastest GPU, then the cheapest plan with it",
              fastest_gpu),
+    Baseline("even-split", "layers split evenly over the stages, one TP width (no placer)",
+             even_split),
     Baseline("no-recompute", "ablation: Espresso without activation recomputation",
              no_recompute),
     Baseline("fixed-microbatch", "ablation: Espresso with micro-batches of one sequence",

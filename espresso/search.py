@@ -144,7 +144,8 @@ def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | 
              micro_batch_sizes: Iterable[int], recompute: Iterable[str], schedule: str,
              enforce_deadline: bool, prune: dict[str, bool] | None,
              max_gpu_types: int | None = None, sharding: Iterable[str] = ("none",),
-             virtual_stages: Iterable[int] = (1,)) -> Any:
+             virtual_stages: Iterable[int] = (1,), min_tp: int = 1,
+             even_split: bool = False) -> Any:
     o = core.SearchOptions()
     objective = v.choice("objective", objective, ("cost", "time"))
     o.objective = core.Objective.COST if objective == "cost" else core.Objective.TIME
@@ -156,6 +157,8 @@ def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | 
     o.top_k = v.integer("top_k", top_k, minimum=1, maximum=1000)
     o.max_stages, o.max_stages_by_types = _depth(max_stages)
     o.max_tp = v.integer("max_tp", max_tp, minimum=1, maximum=1024)
+    o.min_tp = v.integer("min_tp", min_tp, minimum=1, maximum=o.max_tp)
+    o.placer.even_split = v.boolean("even_split", even_split)
     mbs = list(micro_batch_sizes)
     if not mbs:
         msg = "micro_batch_sizes: expected at least one micro-batch size, got none"
@@ -269,7 +272,8 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
            max_gpu_types: int | None = None, progress: SearchProgress | None = None,
            phase: str = "searching", scope: str = "region",
            virtual_stages: Sequence[int] = (1,),
-           interleave_after: Sequence[int] = DEFAULT_VIRTUAL_STAGES) -> SearchResult:
+           interleave_after: Sequence[int] = DEFAULT_VIRTUAL_STAGES, min_tp: int = 1,
+           even_split: bool = False) -> SearchResult:
     """Run the search and return up to ``top_k`` plans with the statistics.
 
     ``time_limit_s`` is a wall-clock limit (default 60 s; ``None``: none): the search then
@@ -302,6 +306,11 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     with which each plan found is afterwards interleaved when that is better
     (:func:`espresso.interleave.interleave`), a refinement outside the proof; ``()`` turns it
     off (docs/search.md, "Interleaving").
+
+    ``min_tp``: tensor-parallel widths below it are not tried (``min_tp = max_tp``: one
+    width). ``even_split``: only the even layer split is placed (every stage ``L / P``
+    blocks, the first ``L % P`` one more), the order still searched: planners without a
+    placer (:mod:`espresso.baselines`).
     """
     if not isinstance(job, Job):
         msg = f"search: expected a Job, got {type(job).__name__}"
@@ -317,7 +326,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         max_stages=max_stages, max_tp=max_tp, micro_batch_sizes=micro_batch_sizes,
         recompute=recompute, schedule=schedule, enforce_deadline=enforce_deadline,
         prune=prune, max_gpu_types=max_gpu_types, sharding=sharding,
-        virtual_stages=virtual_stages)
+        virtual_stages=virtual_stages, min_tp=min_tp, even_split=even_split)
     if isinstance(interleave_after, (str, bytes)) or not isinstance(interleave_after, Sequence):
         msg = f"interleave_after: expected a list of integers >= 2, got {interleave_after!r}"
         raise SpecError(msg)

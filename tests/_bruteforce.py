@@ -43,7 +43,8 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                 max_tp: int = 8, cost_model: es.CostParams | None = None,
                 profiles: dict[str, es.Profile] | None = None, objective: str = "cost",
                 budget_usd: float = math.inf, sequence_parallel: bool | None = None,
-                virtual_stages: tuple[int, ...] = (1,),
+                virtual_stages: tuple[int, ...] = (1,), even_split: bool = False,
+                tp_widths: tuple[int, ...] | None = None,
                 ) -> tuple[float, es.Plan | None, int]:
     """(best objective, best plan, plans estimated); inf when nothing is feasible. ``cost``:
     least USD meeting the deadline; ``time``: least hours within ``budget_usd`` (deadline
@@ -65,7 +66,17 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
     if sequence_parallel is None:
         sequence_parallel = job.seq_len % (1 << (max_tp.bit_length() - 1)) == 0
     model = job.model
-    groups = [(g.name, w) for g in catalog for w in widths(model, g, max_tp)]
+    groups = [(g.name, w) for g in catalog for w in widths(model, g, max_tp)
+              if tp_widths is None or w in tp_widths]
+
+    def splits(parts: int) -> Iterator[tuple[int, ...]]:
+        # every contiguous split, or only the even one (the first L % P stages one more)
+        if not even_split:
+            yield from compositions(model.num_layers, parts)
+            return
+        L = model.num_layers
+        if parts <= L:
+            yield tuple(L // parts + (1 if i < L % parts else 0) for i in range(parts))
     best, best_plan, count = math.inf, None, 0
     B = job.global_batch_size
     for rc, sh in itertools.product(recompute, sharding):
@@ -90,7 +101,7 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                         continue
                     for order, split, v in itertools.product(
                             set(itertools.permutations(ms)),
-                            compositions(model.num_layers, len(ms)), virtual_stages):
+                            splits(len(ms)), virtual_stages):
                         P = len(order)
                         if v > 1 and (P < 2 or m % P or min(split) < v):
                             continue

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_search import SMALL, random_instance
+from _bruteforce import brute_force
+from test_search import COST, SMALL, random_instance
 
 import espresso as es
 from espresso.baselines import BASELINES, compare, fastest_gpu
@@ -35,6 +36,9 @@ def test_espresso_is_never_dearer_than_a_baseline(seed: int) -> None:
             assert plan.recompute == "none"
         if name == "fixed-microbatch":
             assert plan.micro_batch_size == 1
+        if name == "even-split":
+            sizes = [st.num_layers for st in plan.stages]
+            assert max(sizes) - min(sizes) <= 1 and len({st.tp for st in plan.stages}) == 1
 
 
 def test_the_baselines_differ_from_espresso_somewhere() -> None:
@@ -66,5 +70,27 @@ def test_unknown_baselines_are_refused() -> None:
     job, catalog = random_instance(0, 2)
     with pytest.raises(es.SpecError, match="unknown baseline 'greedy'"):
         compare(job, catalog, ("greedy",))
-    assert set(BASELINES) == {"homogeneous-cheapest", "fastest-gpu", "no-recompute",
-                              "fixed-microbatch"}
+    assert set(BASELINES) == {"homogeneous-cheapest", "fastest-gpu", "even-split",
+                              "no-recompute", "fixed-microbatch"}
+
+
+@pytest.mark.parametrize(("seed", "width"), [(s, w) for s in range(20) for w in (1, 2)])
+def test_even_split_search_equals_brute_force(seed: int, width: int) -> None:
+    """The search limited to the even split and one TP width is exact over that space."""
+    job, catalog = random_instance(seed, 2)
+    expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=2,
+                                    max_tp=2, cost_model=COST, even_split=True,
+                                    tp_widths=(width,))
+    kw = {**KW, "max_tp": width}
+    r = es.search(job, catalog, max_stages=2, min_tp=width, even_split=True,
+                  **kw)  # type: ignore[arg-type]
+    assert r.stats.complete
+    got = _usd(r.plans[0] if r.plans else None)
+    if math.isinf(expected):
+        assert math.isinf(got)
+    else:
+        assert got == pytest.approx(expected, rel=1e-9), plan
+        p = r.plans[0]
+        assert {st.tp for st in p.stages} == {width}
+        sizes = [st.num_layers for st in p.stages]
+        assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)

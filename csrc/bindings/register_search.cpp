@@ -19,6 +19,7 @@ void register_search(py::module_& m) {
         .def_readwrite("node_limit", &PlaceOptions::node_limit)
         .def_readwrite("memo_limit", &PlaceOptions::memo_limit)
         .def_readwrite("ratio_order", &PlaceOptions::ratio_order)
+        .def_readwrite("even_split", &PlaceOptions::even_split)
         .def_readwrite("time_limit_s", &PlaceOptions::time_limit_s)
         .def_readwrite("table_limit", &PlaceOptions::table_limit);
 
@@ -61,6 +62,7 @@ void register_search(py::module_& m) {
         .def_readwrite("max_stages", &SearchOptions::max_stages)
         .def_readwrite("max_stages_by_types", &SearchOptions::max_stages_by_types)
         .def_readwrite("max_tp", &SearchOptions::max_tp)
+        .def_readwrite("min_tp", &SearchOptions::min_tp)
         .def_readwrite("max_dp", &SearchOptions::max_dp)
         .def_readwrite("objective", &SearchOptions::objective)
         .def_readwrite("budget_usd", &SearchOptions::budget_usd)

@@ -520,8 +520,14 @@ private:
             const auto sj = static_cast<std::size_t>(j);
             if (remaining_[sj] == 0) continue;
             const double c2 = 2.0 * send(prev, j);
-            const std::int64_t lo = left == 1 ? L_ - l : minl_;
-            const std::int64_t hi = left == 1 ? L_ - l : std::min(span_, L_ - l - (left - 1) * minl_);
+            std::int64_t lo = left == 1 ? L_ - l : minl_;
+            std::int64_t hi = left == 1 ? L_ - l : std::min(span_, L_ - l - (left - 1) * minl_);
+            if (opt_.even_split) {
+                const std::int64_t share = L_ / P_ + (pos < L_ % P_ ? 1 : 0);
+                lo = std::max(lo, share);
+                hi = std::min(hi, share);
+                if (lo > hi) continue;
+            }
             if (lo < minl_ || hi > span_) continue;
             --remaining_[sj];
             for (std::int64_t n = lo; n <= hi; ++n) {

@@ -48,6 +48,9 @@ struct PlaceOptions {
     // Cells of the per-(group, position, layers) tables at most: beyond, the placer gives up
     // (not exhaustive) rather than allocate without bound.
     std::int64_t table_limit = 1 << 22;
+    // Only the even split (the baseline of planners without a placer): every stage (GPU group)
+    // holds L / P blocks, the first L % P one more; the order is still searched.
+    bool even_split = false;
 };
 
 struct Placement {

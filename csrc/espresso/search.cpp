@@ -202,6 +202,7 @@ private:
             min_act_scale_ = std::min(min_act_scale_, g.activation_scale);
             cap_[static_cast<std::size_t>(t)] = std::max(0.0, usable_bytes(g, params_));
             for (std::int64_t w = 1; w <= std::min(g.gpus_per_node, opt_.max_tp); w *= 2) {
+                if (w < opt_.min_tp) continue;
                 if (tp_divides(model_, w)) widths_[static_cast<std::size_t>(t)].push_back(w);
             }
             if (g.count > 0 && !widths_[static_cast<std::size_t>(t)].empty() && cap_[static_cast<std::size_t>(t)] > 0) {
@@ -1639,6 +1640,7 @@ void check_options(const SearchOptions& o) {
         }
     }
     if (o.max_tp < 1 || o.max_tp > 1024) throw std::invalid_argument("max_tp must be in [1, 1024]");
+    if (o.min_tp < 1 || o.min_tp > o.max_tp) throw std::invalid_argument("min_tp must be in [1, max_tp]");
     if (o.max_dp < 1) throw std::invalid_argument("max_dp must be >= 1");
     if (o.top_k < 1 || o.top_k > 1000) throw std::invalid_argument("top_k must be in [1, 1000]");
     if (o.threads < 1 || o.threads > 1024) throw std::invalid_argument("threads must be in [1, 1024]");

@@ -54,6 +54,7 @@ struct SearchOptions {
     // not placed, and subtrees holding only such are not generated. 0: none.
     std::int64_t covered_depth = 0;
     std::int64_t max_tp = 8;            // tensor-parallel width at most (powers of two)
+    std::int64_t min_tp = 1;            // and at least (a baseline's single width: min = max)
     std::int64_t max_dp = 1 << 20;
     Objective objective = Objective::Cost;
     double budget_usd = std::numeric_limits<double>::infinity();  // Time objective

@@ -178,6 +178,9 @@ int main(int argc, char** argv) {
             o.max_stages = 1 + static_cast<std::int64_t>(rng() % 12);
             o.top_k = 1 + static_cast<std::int64_t>(rng() % 3);
             o.sharding = {Sharding::None, Sharding::Zero2};
+            // Baseline spaces now and then: one TP width, the even split.
+            if (rng() % 4 == 0) o.min_tp = hostile && rng() % 2 ? any_int(16) : 1 + static_cast<std::int64_t>(rng() % 8);
+            o.placer.even_split = rng() % 4 == 0;
             o.max_stages_by_types.resize(rng() % 4);
             std::int64_t prev = o.max_stages;
             for (auto& t : o.max_stages_by_types) {
