@@ -12,11 +12,10 @@ from rich.table import Table
 from .. import _io
 from ..errors import JobError
 from ..frontier import frontier
-from ..job import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LEN
 from ..progress import DEFAULT_TIME_LIMIT_S
 from ..units import format_hours as _hours
 from . import _common as c
-from .planning import _cost_model, job_from_args
+from .planning import _cost_model, add_checkpoint_arg, add_job_args, job_from_args
 from .report import _rented
 
 
@@ -67,16 +66,8 @@ def register(sub: Any) -> None:
         description="The exact cost-deadline frontier: every breakpoint where the cheapest "
         "plan changes, each a proven optimum, found by parametric search (docs/search.md, "
         "\"The frontier\").")
-    p.add_argument("--model", help="preset name, HF config.json, or model YAML")
-    p.add_argument("--tokens", help="training tokens, e.g. 2e10 or 20B")
-    p.add_argument("--iterations", help="optimizer steps (instead of --tokens)")
-    p.add_argument("--seq-len", type=int, help=f"sequence length (default {DEFAULT_SEQ_LEN})")
-    p.add_argument("--global-batch", type=int,
-                   help=f"sequences per step (default {DEFAULT_GLOBAL_BATCH_SIZE})")
-    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), help="default adam")
+    add_job_args(p, deadline=False)
     p.add_argument("--job", metavar="FILE", help="job YAML/JSON (its deadline is ignored)")
-    p.add_argument("--deadline-confidence", type=float, metavar="P",
-                   help="with spot instances: the probability with which deadlines hold")
     c.add_catalog_arg(p)
     c.add_availability_args(p)
     p.add_argument("--max-points", type=int, default=50, help="at most this many steps (50)")
@@ -86,6 +77,5 @@ def register(sub: Any) -> None:
     p.add_argument("--threads", type=int, help="search threads (default: all cores)")
     p.add_argument("--json", metavar="OUT", help="write the frontier (every plan) to OUT")
     c.add_cost_model_arg(p, "instead of the defaults")
-    p.add_argument("--checkpoint-gbs", type=float, metavar="GB/s",
-                   help="with spot instances: checkpoint bandwidth (default 2)")
+    add_checkpoint_arg(p)
     p.set_defaults(func=cmd_frontier, deadline=None)

@@ -252,7 +252,7 @@ def register(sub: Any) -> None:
                    help="write the plan with its estimate as JSON to OUT ('-': stdout only)")
     c.add_profile_arg(p)
     c.add_cost_model_arg(p, "replacing the plan's cost_model")
-    _add_checkpoint_arg(p)
+    add_checkpoint_arg(p)
     p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser(
@@ -262,17 +262,7 @@ def register(sub: Any) -> None:
         "micro-batches) that meets the deadline, exact within the cost model. Exit status: 0 "
         "a plan, 1 no plan (the reason is printed), 2 bad input, 130 interrupted.",
     )
-    p.add_argument("--model", help="preset name (espresso models), HF config.json, or model YAML")
-    p.add_argument("--tokens", help="training tokens, e.g. 2e10 or 20B")
-    p.add_argument("--iterations", help="optimizer steps (instead of --tokens)")
-    p.add_argument("--deadline", help="wall-clock limit, e.g. 7d, 36h, 90m (a number: hours)")
-    p.add_argument("--seq-len", type=int, help=f"sequence length (default {DEFAULT_SEQ_LEN})")
-    p.add_argument("--global-batch", type=int,
-                   help=f"sequences per step (default {DEFAULT_GLOBAL_BATCH_SIZE})")
-    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), help="default adam")
-    p.add_argument("--deadline-confidence", type=float, metavar="P",
-                   help="with spot instances: the probability with which the deadline must "
-                        "hold, over the number of interruptions (default 0.9)")
+    add_job_args(p, deadline=True)
     p.add_argument("--job", metavar="FILE", help="job YAML/JSON; flags override its fields")
     c.add_catalog_arg(p)
     c.add_availability_args(p)
@@ -327,11 +317,28 @@ def register(sub: Any) -> None:
                    help="skip the comparison with single-type plans")
     c.add_profile_arg(p)
     c.add_cost_model_arg(p, "instead of the defaults")
-    _add_checkpoint_arg(p)
+    add_checkpoint_arg(p)
     p.set_defaults(func=cmd_plan)
 
 
-def _add_checkpoint_arg(p: argparse.ArgumentParser) -> None:
+def add_job_args(p: argparse.ArgumentParser, *, deadline: bool) -> None:
+    """The job's flags (`plan`, and `frontier` without --deadline)."""
+    p.add_argument("--model", help="preset name (espresso models), HF config.json, or model YAML")
+    p.add_argument("--tokens", help="training tokens, e.g. 2e10 or 20B")
+    p.add_argument("--iterations", help="optimizer steps (instead of --tokens)")
+    if deadline:
+        p.add_argument("--deadline",
+                       help="wall-clock limit, e.g. 7d, 36h, 90m (a number: hours)")
+    p.add_argument("--seq-len", type=int, help=f"sequence length (default {DEFAULT_SEQ_LEN})")
+    p.add_argument("--global-batch", type=int,
+                   help=f"sequences per step (default {DEFAULT_GLOBAL_BATCH_SIZE})")
+    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), help="default adam")
+    p.add_argument("--deadline-confidence", type=float, metavar="P",
+                   help="with spot instances: the probability with which the deadline must "
+                        "hold, over the number of interruptions (default 0.9)")
+
+
+def add_checkpoint_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-gbs", type=float, metavar="GB/s",
                    help="with spot instances: aggregate GB/s at which checkpoints are written "
                         "and read back (default 2; 0: free), replacing cost_model.checkpoint_gbs")
