@@ -272,17 +272,24 @@ def torchrun_commands(plan_path: str, plan: Plan, hosts: list[Host], script: str
     ``ESPRESSO_*`` environment (`espresso.torch.rank_from_env`)."""
     nodes = assign_hosts(plan, hosts)
     master = nodes[0].host.address
-    world = plan.num_gpus
     cmds = []
     for n in nodes:
-        env = (f"ESPRESSO_PLAN={shlex.quote(plan_path)} ESPRESSO_FIRST_RANK={n.first_rank} "
-               f"ESPRESSO_WORLD_SIZE={world} ESPRESSO_DEVICE_OFFSET={n.device_offset} "
-               f"MASTER_ADDR={master} MASTER_PORT={master_port}")
-        cmd = (f"{env} torchrun --nnodes={len(nodes)} --node-rank={n.node_rank} "
-               f"--nproc-per-node={n.nproc} --master-addr={master} "
-               f"--master-port={master_port + 1} {shlex.quote(script)}")
-        if script_args:
-            cmd += f" {script_args}"
+        cmd = node_command(plan_path, n, nnodes=len(nodes), world=plan.num_gpus, master=master,
+                           master_port=master_port, script=script, script_args=script_args)
         cmds.append(f"# {n.host.address} ({n.host.label}): ranks {n.first_rank}.."
                     f"{n.first_rank + n.nproc - 1}\n{cmd}")
     return cmds
+
+
+def node_command(plan_path: str, n: NodeAssignment, *, nnodes: int, world: int, master: str,
+                 master_port: int, script: str, script_args: str = "") -> str:
+    """One node's torchrun command: its ranks from the ``ESPRESSO_*`` environment, the
+    process group at ``master`` (an address, or a shell expression such as
+    ``"$MASTER_ADDR"``)."""
+    env = (f"ESPRESSO_PLAN={shlex.quote(plan_path)} ESPRESSO_FIRST_RANK={n.first_rank} "
+           f"ESPRESSO_WORLD_SIZE={world} ESPRESSO_DEVICE_OFFSET={n.device_offset} "
+           f"MASTER_ADDR={master} MASTER_PORT={master_port}")
+    cmd = (f"{env} torchrun --nnodes={nnodes} --node-rank={n.node_rank} "
+           f"--nproc-per-node={n.nproc} --master-addr={master} "
+           f"--master-port={master_port + 1} {shlex.quote(script)}")
+    return f"{cmd} {script_args}" if script_args else cmd

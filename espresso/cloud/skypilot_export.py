@@ -15,7 +15,6 @@ offer needs no bucket for that).
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import yaml
 
 from .. import _io
 from ..errors import PlanError
-from ..launch import Host, NodeAssignment, assign_hosts
+from ..launch import Host, NodeAssignment, assign_hosts, node_command
 from ..plan import Plan
 
 CHECKPOINT_MOUNT = "/checkpoints"
@@ -89,16 +88,11 @@ def layout(plan: Plan, groups: list[NodeGroup]) -> list[NodeAssignment]:
 
 def _node_command(a: NodeAssignment, nnodes: int, world: int, script: str, script_args: str,
                   port: int, checkpoint: bool) -> str:
-    env = (f"ESPRESSO_PLAN={PLAN_PATH} ESPRESSO_FIRST_RANK={a.first_rank} "
-           f"ESPRESSO_WORLD_SIZE={world} ESPRESSO_DEVICE_OFFSET={a.device_offset} "
-           f'MASTER_ADDR="$MASTER_ADDR" MASTER_PORT={port}')
     args = script_args
     if checkpoint:
         args = f"{args} --checkpoint-dir {CHECKPOINT_MOUNT}/espresso".strip()
-    cmd = (f"{env} torchrun --nnodes={nnodes} --node-rank={a.node_rank} "
-           f"--nproc-per-node={a.nproc} --master-addr=\"$MASTER_ADDR\" "
-           f"--master-port={port + 1} {shlex.quote(script)}")
-    return f"{cmd} {args}".rstrip()
+    return node_command(PLAN_PATH, a, nnodes=nnodes, world=world, master='"$MASTER_ADDR"',
+                        master_port=port, script=script, script_args=args)
 
 
 def task(plan: Plan, group: NodeGroup, nodes: list[NodeAssignment], *, script: str,
