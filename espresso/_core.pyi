@@ -244,6 +244,7 @@ class PlaceOptions:
     memo_limit: int
     ratio_order: bool
     even_split: bool
+    fixed_order: bool
     time_limit_s: float
     table_limit: int
     def __init__(self) -> None: ...

@@ -685,12 +685,15 @@ def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
           micro_batch_size: int = 1, recompute: str = "none", schedule: str = "1f1b",
           catalog: Catalog | None = None, cost_model: CostParams | None = None,
           profiles: Any = None, virtual_stages: int = 1,
-          time_limit_s: float | None = DEFAULT_TIME_LIMIT_S) -> Plan:
+          time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
+          fixed_order: bool = False) -> Plan:
     """Arrange GPUs you already have: the stage order and layer split with the smallest
     iteration time for the given stage groups ``[(gpu type, tp), ...]`` (one per stage, or
     with ``virtual_stages`` = v > 1 one per GPU group running v interleaved stages).
     ``time_limit_s`` (default 60 s; ``None``: none) stops it with the best arrangement so far
-    (``plan.stats["exhaustive"]`` is then false).
+    (``plan.stats["exhaustive"]`` is then false). ``fixed_order``: the stages keep the
+    compute-memory order (memory-rich first) and only the layer split is searched, as the
+    paper's placer does.
 
     Raises InfeasibleError when no split fits in memory."""
     if catalog is None:  # offer keys name the cloud snapshot; GPU names the GPU-type one
@@ -750,6 +753,7 @@ def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
     profs = {g: p for g, p in as_profiles(profiles).items() if g in names}
     apply_profiles(specs, names, catalog, job.model, cost, profs)
     opts = core.PlaceOptions()
+    opts.fixed_order = v.boolean("fixed_order", fixed_order)
     if time_limit_s is not None:
         opts.time_limit_s = v.number("time_limit_s", time_limit_s, positive=True, maximum=1e7)
     work = _workload(probe)

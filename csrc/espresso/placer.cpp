@@ -516,9 +516,17 @@ private:
         }
         const std::int64_t left = P_ - pos;
         std::vector<Candidate> cands;
+        std::int64_t first_left = -1;  // the remaining group first in compute-memory order
+        for (std::int64_t j = 0; j < k_; ++j) {
+            const auto sj = static_cast<std::size_t>(j);
+            if (remaining_[sj] > 0 && (first_left < 0 || rank_[sj] < rank_[static_cast<std::size_t>(first_left)])) {
+                first_left = j;
+            }
+        }
         for (std::int64_t j = 0; j < k_; ++j) {
             const auto sj = static_cast<std::size_t>(j);
             if (remaining_[sj] == 0) continue;
+            if (opt_.fixed_order && j != first_left) continue;
             const double c2 = 2.0 * send(prev, j);
             std::int64_t lo = left == 1 ? L_ - l : minl_;
             std::int64_t hi = left == 1 ? L_ - l : std::min(span_, L_ - l - (left - 1) * minl_);

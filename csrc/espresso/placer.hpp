@@ -41,6 +41,9 @@ struct PlaceOptions {
     std::int64_t memo_limit = 4000000;
     // Compute-memory ordering of the groups tried first (memory-rich early).
     bool ratio_order = true;
+    // Only the compute-memory order itself (no other stage order is tried): the paper's
+    // placer, for the prototype baseline.
+    bool fixed_order = false;
     // Wall-clock limit in seconds (0: none); the search sets `deadline` instead.
     double time_limit_s = 0;
     Clock::time_point deadline = Clock::time_point::max();
