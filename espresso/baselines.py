@@ -21,7 +21,7 @@ from .cost import CostParams
 from .errors import SpecError
 from .job import Job
 from .plan import Plan
-from .search import InfeasibleError, place, search
+from .search import DEFAULT_MAX_STAGES, InfeasibleError, _depth, place, search
 
 Planner = Callable[..., "Plan | None"]
 
@@ -107,7 +107,7 @@ def prototype(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
 
     * per-iteration SLO: the deadline divided by the job's iterations;
     * one GPU per pipeline stage (no tensor parallelism), micro-batches of one sequence, no
-      recomputation, on-demand rows only;
+      recomputation, on-demand rows only, within Espresso's depth limits (``max_stages``);
     * greedy counts: first add GPUs, the most memory per USD/h first, until the stages hold
       the model; then, while the iteration misses the SLO, take the step with the most
       throughput per added USD/h: one more stage of some GPU type, or one more data-parallel
@@ -134,7 +134,13 @@ def prototype(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
     if not order:
         return None
     B = job.global_batch_size
-    max_stages = job.model.num_layers
+    deepest, tiers = _depth(kw.get("max_stages", DEFAULT_MAX_STAGES))
+
+    def deep_ok(stages: list[str]) -> bool:
+        """Espresso's depth limits (``max_stages``), so that its space holds this plan."""
+        kinds = len(set(stages))
+        top = tiers[min(kinds, len(tiers)) - 1] if tiers else deepest
+        return len(stages) <= min(top, job.model.num_layers)
 
     def try_place(stages: list[str], dp: int) -> Plan | None:
         if B % dp:
@@ -159,9 +165,10 @@ def prototype(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
     current: Plan | None = None
     # memory phase: the most memory per USD/h first
     for _ in range(PROTOTYPE_STEPS):
-        if current is not None or time.monotonic() > t_end or len(stages) >= max_stages:
+        if current is not None or time.monotonic() > t_end:
             break
-        nxt = next((g.name for g in by_memory if spare(stages, dp, g.name)), None)
+        nxt = next((g.name for g in by_memory
+                    if spare(stages, dp, g.name) and deep_ok([*stages, g.name])), None)
         if nxt is None:
             return None
         stages.append(nxt)
@@ -177,9 +184,8 @@ def prototype(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
         if time.monotonic() > t_end:
             return None
         moves: list[tuple[list[str], int]] = []
-        if len(stages) < max_stages:
-            moves += [(sorted([*stages, g.name], key=names.index), dp)
-                      for g in order if spare(stages, dp, g.name)]
+        moves += [(sorted([*stages, g.name], key=names.index), dp)
+                  for g in order if spare(stages, dp, g.name) and deep_ok([*stages, g.name])]
         if all(stages.count(n) * (dp + 1) <= catalog[n].count for n in set(stages)):
             moves.append((stages, dp + 1))
         best: tuple[float, Plan, list[str], int] | None = None

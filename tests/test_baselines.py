@@ -3,15 +3,19 @@ proven optimum is never dearer than any of them."""
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
+from pathlib import Path
 
 import pytest
-from _bruteforce import brute_force
+from _bruteforce import brute_force, compositions
 from test_search import COST, SMALL, random_instance
 
 import espresso as es
 from espresso.baselines import BASELINES, compare, fastest_gpu
 
+ROOT = Path(__file__).resolve().parents[1]
 KW = {k: v for k, v in SMALL.items() if k != "interleave_after"} | {"interleave_after": ()}
 
 
@@ -70,7 +74,7 @@ def test_unknown_baselines_are_refused() -> None:
     job, catalog = random_instance(0, 2)
     with pytest.raises(es.SpecError, match="unknown baseline 'greedy'"):
         compare(job, catalog, ("greedy",))
-    assert set(BASELINES) == {"homogeneous-cheapest", "fastest-gpu", "even-split",
+    assert set(BASELINES) == {"homogeneous-cheapest", "fastest-gpu", "even-split", "prototype",
                               "no-recompute", "fixed-microbatch"}
 
 
@@ -94,3 +98,63 @@ def test_even_split_search_equals_brute_force(seed: int, width: int) -> None:
         assert {st.tp for st in p.stages} == {width}
         sizes = [st.num_layers for st in p.stages]
         assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+def _ratio(g: es.GpuType) -> float:
+    """Sustained TFLOPS per GB (the placer's compute-memory ratio, without profiles)."""
+    return g.bf16_tflops * (g.efficiency if g.efficiency is not None else COST.efficiency) / (
+        g.memory_gb)
+
+
+def test_prototype_plans_as_the_paper_describes() -> None:
+    """The paper's own instance: one GPU per stage, micro-batches of one, no recomputation,
+    stages in compute-memory order, the per-iteration SLO met; and its objective (the
+    cheapest hourly rent meeting the SLO) costs more in all than Espresso's optimum here."""
+    catalog = es.Catalog.load(ROOT / "examples/catalogs/espresso-prototype.yaml")
+    job = es.Job(model=es.ModelSpec.preset("open_llama_3b_v2"), seq_len=3000,
+                 global_batch_size=64, iterations=1000, deadline_hours=100_000 / 3600)
+    plan = BASELINES["prototype"].plan(job, catalog)
+    assert plan is not None and plan.estimate is not None
+    assert {st.tp for st in plan.stages} == {1}
+    assert plan.micro_batch_size == 1 and plan.recompute == "none"
+    ratios = [_ratio(catalog[st.gpu]) for st in plan.stages]
+    assert ratios == sorted(ratios)
+    assert plan.estimate.iteration_s <= 100.0
+    best = es.plan(job, catalog)
+    assert best.estimate is not None
+    assert plan.estimate.total_usd > best.estimate.total_usd * 1.05
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fixed_order_places_the_best_split_of_the_compute_memory_order(seed: int) -> None:
+    """place(fixed_order=True): stages in compute-memory order, and the fastest layer split
+    for that order (every split enumerated with estimate())."""
+    rng = random.Random(seed)
+    job, catalog = random_instance(seed, 3)
+    names = [g.name for g in catalog.gpus]
+    groups = [(rng.choice(names), 1) for _ in range(rng.randint(2, 3))]
+    use = {n: sum(1 for g, _ in groups if g == n) for n in names}
+    if any(use[n] > catalog[n].count for n in names):
+        pytest.skip("not enough GPUs for these groups")
+    order = sorted(groups, key=lambda gr: _ratio(catalog[gr[0]]))
+    best = math.inf
+    for sizes in compositions(job.model.num_layers, len(order)):
+        edges = [0, *itertools.accumulate(sizes)]
+        trial = es.Plan(job=job, stages=tuple(
+            es.Stage(gpu=g, tp=t, layers=(edges[i], edges[i + 1]))
+            for i, (g, t) in enumerate(order)), dp=1, micro_batch_size=1,
+            num_microbatches=job.global_batch_size, cost_model=COST)
+        est = es.estimate(trial, catalog, cost_model=COST)
+        if est.feasible:
+            best = min(best, est.iteration_s)
+    try:
+        plan = es.place(job, groups, catalog=catalog, cost_model=COST, fixed_order=True)
+    except es.InfeasibleError:
+        assert best == math.inf
+        return
+    assert plan.estimate is not None
+    assert [st.gpu for st in plan.stages] == [g for g, _ in order]
+    assert plan.estimate.iteration_s == pytest.approx(best, rel=1e-9)
+    free = es.place(job, groups, catalog=catalog, cost_model=COST)
+    assert free.estimate is not None
+    assert free.estimate.iteration_s <= plan.estimate.iteration_s * (1 + 1e-9)
