@@ -179,6 +179,13 @@ class PipelineResult:
     busy_s: list[float]
     bubble_fraction: float
 
+class TimelineOp:
+    stage: int
+    microbatch: int
+    backward: bool
+    start_s: float
+    end_s: float
+
 def block_params(model: ModelDims) -> float: ...
 def embedding_params(model: ModelDims) -> float: ...
 def head_params(model: ModelDims) -> float: ...
@@ -225,6 +232,9 @@ def estimate(model: ModelDims, gpus: list[GpuSpec], params: CostParams, work: Wo
 def simulate_pipeline(fwd_s: list[float], bwd_s: list[float], send_fwd_s: list[float],
                       send_bwd_s: list[float], num_microbatches: int,
                       schedule: Schedule) -> PipelineResult: ...
+def pipeline_timeline(fwd_s: list[float], bwd_s: list[float], send_fwd_s: list[float],
+                      send_bwd_s: list[float], num_microbatches: int,
+                      schedule: Schedule) -> list[TimelineOp]: ...
 def interleaved_makespan(fwd_s: list[float], bwd_s: list[float], send_fwd_s: list[float],
                          send_bwd_s: list[float], num_devices: int,
                          num_microbatches: int, abort_above: float = ...) -> float: ...

@@ -93,6 +93,9 @@ def even_split(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
 
 PROTOTYPE_STEPS = 256
 """The prototype baseline adds at most this many GPUs (greedy steps)."""
+PROTOTYPE_LOCATIONS = 3
+"""It plans in each of this many locations (provider/region), those with the most sustained
+compute on offer, and keeps the cheapest hourly rent."""
 
 
 def _cm_ratio(g: GpuType, params: CostParams) -> float:
@@ -113,18 +116,42 @@ def prototype(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
       throughput per added USD/h: one more stage of some GPU type, or one more data-parallel
       replica of the whole pipeline;
     * stages in compute-memory order (memory-rich first, as the paper's placer orders them),
-      the best layer split for that order from Espresso's placer (``fixed_order=True``).
+      the best layer split for that order from Espresso's placer (``fixed_order=True``);
+    * with cloud offers, one location at a time (the :data:`PROTOTYPE_LOCATIONS` with the
+      most sustained compute on offer), one offer per GPU model there (the most GPUs); the
+      cheapest hourly rent over them.
     """
     params = kw.get("cost_model") or CostParams()
     limit = float(kw.get("time_limit_s") or 60.0)
     t_end = time.monotonic() + limit
-    slo_s = job.deadline_hours * 3600.0 / job.num_iterations
     rows = [g for g in catalog.gpus if g.count > 0 and g.market != "spot"]
-    # one candidate row per GPU model: its cheapest offer per GPU
+    places: dict[str, list[GpuType]] = {}
+    for g in rows:
+        places.setdefault(g.location, []).append(g)
+    # the locations with the most sustained compute on offer first
+    ranked = sorted(places.values(), key=lambda rs: (-sum(_rate(g, params) * g.count
+                                                           for g in rs), rs[0].location))
+    best: Plan | None = None
+    for rs in ranked[:PROTOTYPE_LOCATIONS]:
+        p = _greedy(job, catalog, rs, params, t_end, kw)
+        if p is not None and p.estimate is not None and (
+                best is None or best.estimate is None
+                or (p.estimate.hourly_usd, p.estimate.total_usd)
+                < (best.estimate.hourly_usd, best.estimate.total_usd)):
+            best = p
+    return best
+
+
+def _greedy(job: Job, catalog: Catalog, rows: list[GpuType], params: CostParams,
+            t_end: float, kw: dict[str, Any]) -> Plan | None:
+    """The prototype's greedy allocation over ``rows`` (one location)."""
+    slo_s = job.deadline_hours * 3600.0 / job.num_iterations
+    # one candidate row per GPU model: the offer with the most GPUs, then the cheapest
     by_model: dict[str, GpuType] = {}
     for g in rows:
         cur = by_model.get(g.model)
-        if cur is None or (g.price_per_hour, g.name) < (cur.price_per_hour, cur.name):
+        if cur is None or (-g.count, g.price_per_hour, g.name) < (
+                -cur.count, cur.price_per_hour, cur.name):
             by_model[g.model] = g
     order = sorted(by_model.values(),
                    key=lambda g: (_cm_ratio(g, params), g.price_per_hour, g.name))

@@ -182,6 +182,13 @@ void register_cost_model(py::module_& m) {
         .def_readonly("busy_s", &PipelineResult::busy_s)
         .def_readonly("bubble_fraction", &PipelineResult::bubble_fraction);
 
+    py::class_<TimelineOp>(m, "TimelineOp")
+        .def_readonly("stage", &TimelineOp::stage)
+        .def_readonly("microbatch", &TimelineOp::microbatch)
+        .def_readonly("backward", &TimelineOp::backward)
+        .def_readonly("start_s", &TimelineOp::start_s)
+        .def_readonly("end_s", &TimelineOp::end_s);
+
     m.def("block_params", &block_params, py::arg("model"));
     m.def("embedding_params", &embedding_params, py::arg("model"));
     m.def("head_params", &head_params, py::arg("model"));
@@ -243,6 +250,9 @@ void register_cost_model(py::module_& m) {
     m.def("estimate", &estimate, py::arg("model"), py::arg("gpus"), py::arg("params"),
           py::arg("work"), py::arg("stages"), py::call_guard<py::gil_scoped_release>());
     m.def("simulate_pipeline", &simulate_pipeline, py::arg("fwd_s"), py::arg("bwd_s"),
+          py::arg("send_fwd_s"), py::arg("send_bwd_s"), py::arg("num_microbatches"),
+          py::arg("schedule"), py::call_guard<py::gil_scoped_release>());
+    m.def("pipeline_timeline", &pipeline_timeline, py::arg("fwd_s"), py::arg("bwd_s"),
           py::arg("send_fwd_s"), py::arg("send_bwd_s"), py::arg("num_microbatches"),
           py::arg("schedule"), py::call_guard<py::gil_scoped_release>());
     m.def("interleaved_makespan", &interleaved_makespan, py::arg("fwd_s"), py::arg("bwd_s"),

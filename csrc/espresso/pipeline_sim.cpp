@@ -27,6 +27,9 @@ struct Scratch {
     int ops_schedule = -1;
 };
 
+// Scratch reused across calls on this thread (no allocation per simulation).
+thread_local Scratch tls_scratch;
+
 // Operation k of stage `stage` in its fixed order. GPipe: all forwards, then all backwards.
 // 1F1B (PipeDream-flush): warm-up forwards, one forward one backward, cool-down backwards.
 inline Op stage_op(Schedule schedule, std::int64_t stage, std::int64_t P, std::int64_t M,
@@ -94,11 +97,11 @@ double closed_form_s(const std::vector<double>& fwd_s, const std::vector<double>
     return sum + static_cast<double>(num_microbatches - 1) * worst;
 }
 
-PipelineResult simulate_pipeline(const std::vector<double>& fwd_s,
-                                 const std::vector<double>& bwd_s,
-                                 const std::vector<double>& send_fwd_s,
-                                 const std::vector<double>& send_bwd_s,
-                                 std::int64_t num_microbatches, Schedule schedule) {
+namespace {
+
+void check_pipeline(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
+                    const std::vector<double>& send_fwd_s, const std::vector<double>& send_bwd_s,
+                    std::int64_t num_microbatches, Schedule schedule) {
     const std::int64_t P = static_cast<std::int64_t>(fwd_s.size());
     const std::int64_t M = num_microbatches;
     if (P < 1 || P > kMaxStages) {
@@ -120,7 +123,18 @@ PipelineResult simulate_pipeline(const std::vector<double>& fwd_s,
         throw std::invalid_argument("unknown schedule");
     }
     check_all_times(fwd_s, bwd_s, send_fwd_s, send_bwd_s);
+}
 
+}  // namespace
+
+PipelineResult simulate_pipeline(const std::vector<double>& fwd_s,
+                                 const std::vector<double>& bwd_s,
+                                 const std::vector<double>& send_fwd_s,
+                                 const std::vector<double>& send_bwd_s,
+                                 std::int64_t num_microbatches, Schedule schedule) {
+    check_pipeline(fwd_s, bwd_s, send_fwd_s, send_bwd_s, num_microbatches, schedule);
+    const std::int64_t P = static_cast<std::int64_t>(fwd_s.size());
+    const std::int64_t M = num_microbatches;
     PipelineResult r;
     r.makespan_s = pipeline_makespan(fwd_s, bwd_s, send_fwd_s, send_bwd_s, M, schedule,
                                      std::numeric_limits<double>::infinity());
@@ -138,6 +152,34 @@ PipelineResult simulate_pipeline(const std::vector<double>& fwd_s,
     return r;
 }
 
+std::vector<TimelineOp> pipeline_timeline(const std::vector<double>& fwd_s,
+                                          const std::vector<double>& bwd_s,
+                                          const std::vector<double>& send_fwd_s,
+                                          const std::vector<double>& send_bwd_s,
+                                          std::int64_t num_microbatches, Schedule schedule) {
+    check_pipeline(fwd_s, bwd_s, send_fwd_s, send_bwd_s, num_microbatches, schedule);
+    const std::int64_t P = static_cast<std::int64_t>(fwd_s.size());
+    const std::int64_t M = num_microbatches;
+    pipeline_makespan(fwd_s, bwd_s, send_fwd_s, send_bwd_s, M, schedule,
+                      std::numeric_limits<double>::infinity());
+    // The end times the simulation left in this thread's scratch.
+    const Scratch& sc = tls_scratch;
+    std::vector<TimelineOp> out;
+    out.reserve(static_cast<std::size_t>(2 * P * M));
+    for (std::int64_t i = 0; i < P; ++i) {
+        const auto si = static_cast<std::size_t>(i);
+        for (std::int64_t j = 0; j < M; ++j) {
+            const auto c = static_cast<std::size_t>(i * M + j);
+            out.push_back({i, j, false, sc.end_f[c] - fwd_s[si], sc.end_f[c]});
+            out.push_back({i, j, true, sc.end_b[c] - bwd_s[si], sc.end_b[c]});
+        }
+    }
+    std::stable_sort(out.begin(), out.end(), [](const TimelineOp& a, const TimelineOp& b) {
+        return std::tie(a.stage, a.start_s) < std::tie(b.stage, b.start_s);
+    });
+    return out;
+}
+
 double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
                          const std::vector<double>& send_fwd_s,
                          const std::vector<double>& send_bwd_s, std::int64_t num_microbatches,
@@ -150,9 +192,7 @@ double pipeline_makespan(const std::vector<double>& fwd_s, const std::vector<dou
     };
     const std::size_t cells = static_cast<std::size_t>(P * M);
     const auto sP = static_cast<std::size_t>(P);
-    // Scratch reused across calls on this thread (no allocation per simulation).
-    thread_local Scratch tls;
-    Scratch& sc = tls;  // one thread-local lookup, not one per access
+    Scratch& sc = tls_scratch;  // one thread-local lookup, not one per access
     std::vector<double>& end_f = sc.end_f;
     std::vector<double>& end_b = sc.end_b;
     std::vector<double>& free_at = sc.free_at;

@@ -23,6 +23,15 @@ struct PipelineResult {
     double bubble_fraction = 0;  // 1 - sum(busy) / (P * makespan)
 };
 
+// One operation of the schedule as simulated: for timelines (Gantt charts).
+struct TimelineOp {
+    std::int64_t stage = 0;
+    std::int64_t microbatch = 0;
+    bool backward = false;
+    double start_s = 0;
+    double end_s = 0;
+};
+
 // fwd_s/bwd_s: per-micro-batch time of each stage; send_fwd_s[i]/send_bwd_s[i]: the
 // delay of an activation (gradient) crossing the boundary between stages i and i+1.
 // Transfers overlap compute; each stage runs its operations in schedule order.
@@ -31,6 +40,14 @@ PipelineResult simulate_pipeline(const std::vector<double>& fwd_s,
                                  const std::vector<double>& send_fwd_s,
                                  const std::vector<double>& send_bwd_s,
                                  std::int64_t num_microbatches, Schedule schedule);
+
+// Every operation's start and end in the same simulation (stage by stage, in each stage's
+// order); limits and checks as simulate_pipeline, so at most 2 * kMaxStageMicrobatchProduct.
+std::vector<TimelineOp> pipeline_timeline(const std::vector<double>& fwd_s,
+                                          const std::vector<double>& bwd_s,
+                                          const std::vector<double>& send_fwd_s,
+                                          const std::vector<double>& send_bwd_s,
+                                          std::int64_t num_microbatches, Schedule schedule);
 
 // The makespan alone, for the placer's leaves: stops early, returning +infinity, once some
 // stage cannot finish by `abort_above` (where it is now plus the work it still has to do:
