@@ -61,6 +61,15 @@ class Frontier:
     within ``max_points`` and the time limit."""
     seconds: float = 0.0
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON data (schema ``espresso.frontier/1``, docs/search.md)."""
+        return {"schema": "espresso.frontier/1", "complete": self.complete,
+                "seconds": self.seconds,
+                "points": [{"hours": p.hours,
+                            "up_to_hours": None if p.up_to == math.inf else p.up_to,
+                            "total_usd": p.usd, "proven": p.proven, "plan": p.plan.to_dict()}
+                           for p in self.points]}
+
     def cheapest_for(self, deadline: float) -> FrontierPoint | None:
         """The cheapest plan that meets ``deadline`` hours, or None."""
         for p in self.points:

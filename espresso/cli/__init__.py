@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from .. import __version__
 from ..errors import EspressoError
-from . import _common, export, frontier, info, launch, measure, planning
+from . import _common, bench, export, frontier, info, launch, measure, planning
 
 __all__ = ["build_parser", "main"]
 
@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     measure.register(sub)
     launch.register(sub)
     export.register(sub)
+    bench.register(sub)
     return parser
 
 

@@ -29,12 +29,8 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         f = frontier(job, catalog, max_points=args.max_points, time_limit_s=args.time_limit,
                      threads=args.threads, cost_model=_cost_model(args))
     if args.json:  # before anything else can fail
-        data = {"schema": "espresso.frontier/1", "complete": f.complete,
-                "points": [{"hours": p.hours,
-                            "up_to_hours": None if p.up_to == float("inf") else p.up_to,
-                            "total_usd": p.usd,
-                            "proven": p.proven, "plan": p.plan.to_dict()} for p in f.points]}
-        _io.write_text("--json", args.json, json.dumps(data, indent=2) + "\n", err=JobError)
+        _io.write_text("--json", args.json, json.dumps(f.to_dict(), indent=2) + "\n",
+                       err=JobError)
     if not f.points:
         con.print("[red]No plan:[/] nothing fits this job in the catalog, whatever the "
                   "deadline.")

@@ -1,0 +1,319 @@
+"""Run a suite: every cell through Espresso and each baseline, in parallel processes (or as
+Ray tasks), one row per plan written as soon as it is known.
+
+The results folder (docs/benchmarks.md):
+
+* ``suite.json``: what ran (written first);
+* ``rows.jsonl``: one JSON line per (cell, planner), appended and flushed as each finishes, so
+  an interrupted run keeps every finished row (``--resume`` skips them on the next run);
+* ``rows.csv``: the same rows in cell and planner order (written at the end, and on an
+  interrupt);
+* ``plans/cell-NNNN-PLANNER.json``: every plan found (``espresso show`` reads them);
+* ``frontiers/GROUP.json``: Espresso's exact cost-deadline frontier per curve, when the
+  suite asks for it;
+* ``summary.md`` and ``plots/`` (:mod:`espresso.bench.report`).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import math
+import os
+import re
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from .. import _validate as v
+from ..baselines import BASELINES, _best
+from ..catalog import Catalog
+from ..errors import EspressoError, SpecError
+from ..plan import Plan
+from .suite import CatalogSpec, Cell, Suite
+
+ROW_FIELDS = ("suite", "cell", "model", "catalog", "quota", "tokens", "iterations",
+              "seq_len", "global_batch_size", "deadline_hours", "planner", "found", "usd",
+              "hours", "hourly_usd", "iteration_s", "gpus", "instances", "idle_gpus", "stages",
+              "dp", "tp", "micro_batch_size", "recompute", "sharding", "rent", "gap", "proven",
+              "search_s", "error", "plan_file")
+"""The columns of ``rows.csv`` (and the keys of each ``rows.jsonl`` line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One planner on one cell (``planner`` ``espresso`` or a baseline's name), or one
+    frontier (``planner`` ``frontier``) over the cell's group."""
+
+    suite: str
+    cell: Cell
+    planner: str
+    catalog: CatalogSpec
+    quota: str | None
+    search: tuple[tuple[str, Any], ...]
+    frontier: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.cell.index, self.planner)
+
+
+@functools.lru_cache(maxsize=16)
+def _catalog(spec: CatalogSpec, quota: str | None) -> Catalog:
+    return spec.load(quota)
+
+
+def slug(*parts: Any) -> str:
+    """A file-name-safe name from parts."""
+    text = "-".join(str(p) for p in parts if p is not None)
+    return re.sub(r"[^A-Za-z0-9_.]+", "_", text).strip("_")
+
+
+def group_slug(cell: Cell) -> str:
+    n = (f"{cell.tokens:.3g}".replace("e+0", "e").replace("e+", "e") + "tok"
+         if cell.tokens is not None else f"{cell.iterations}it")
+    return slug(cell.model_name, cell.catalog, cell.quota, n)
+
+
+def _search_kw(task: Task) -> dict[str, Any]:
+    kw = dict(task.search)
+    for k in ("max_stages", "micro_batch_sizes", "recompute", "sharding"):
+        if isinstance(kw.get(k), list):
+            kw[k] = tuple(kw[k])
+    kw["threads"] = 1  # one process per task: the pool is the parallelism
+    return kw
+
+
+def run_task(task: Task) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Plan one task; returns its row and the plan (or frontier) as JSON data. Errors of the
+    package become the row's ``error``; nothing else is caught."""
+    cell = task.cell
+    row: dict[str, Any] = dict.fromkeys(ROW_FIELDS, None)
+    row.update(suite=task.suite, cell=cell.index, model=cell.model_name, catalog=cell.catalog,
+               quota=cell.quota, tokens=cell.tokens, iterations=cell.iterations,
+               seq_len=cell.seq_len, global_batch_size=cell.global_batch_size,
+               deadline_hours=cell.deadline_hours, planner=task.planner, found=False,
+               error="")
+    t0 = time.perf_counter()
+    data: dict[str, Any] | None = None
+    try:
+        job = cell.job()
+        catalog = _catalog(task.catalog, task.quota)
+        kw = _search_kw(task)
+        if task.planner == "frontier":
+            from ..frontier import frontier
+
+            f = frontier(job, catalog, **dict(task.frontier), **kw)
+            data = f.to_dict()
+            row["found"] = bool(f.points)
+        else:
+            plan = (_best(job, catalog, **kw) if task.planner == "espresso"
+                    else BASELINES[task.planner].plan(job, catalog, **kw))
+            if plan is not None:
+                row.update(_plan_columns(plan))
+                data = plan.to_dict()
+    except EspressoError as exc:
+        row["error"] = str(exc)
+    row["search_s"] = time.perf_counter() - t0
+    return row, data
+
+
+def _plan_columns(plan: Plan) -> dict[str, Any]:
+    est = plan.estimate
+    assert est is not None
+    gap = plan.stats.get("gap") if plan.stats else None
+    return {
+        "found": bool(est.feasible and est.meets_deadline),
+        "usd": est.total_usd, "hours": est.total_hours, "hourly_usd": est.hourly_usd,
+        "iteration_s": est.iteration_s, "gpus": sum(est.gpus.values()),
+        "instances": sum(est.instances.values()), "idle_gpus": est.idle_gpus,
+        "stages": len(plan.stages), "dp": plan.dp,
+        "tp": "/".join(str(s.tp) for s in plan.stages),
+        "micro_batch_size": plan.micro_batch_size, "recompute": plan.recompute,
+        "sharding": plan.sharding,
+        "rent": " + ".join(f"{r['instances']} x {r['instance_type']}"
+                           + (f" ({r['provider']} {r['region']})" if r.get("provider") else "")
+                           for r in est.rent),
+        "gap": gap, "proven": None if gap is None else gap <= 0.0,
+    }
+
+
+def tasks_of(suite: Suite) -> list[Task]:
+    """Every task of the suite: per cell, Espresso then each baseline; then one frontier per
+    curve (cells that differ only in the deadline) when the suite asks for it."""
+    search = tuple(sorted(suite.search.items()))
+    out: list[Task] = []
+    seen: set[Any] = set()
+    for cell in suite.cells:
+        spec = suite.catalogs[cell.catalog]
+        quota = suite.quotas[cell.quota]
+        for planner in ("espresso", *suite.baselines):
+            out.append(Task(suite.name, cell, planner, spec, quota, search))
+    if suite.frontier is not None:
+        fkw = {"max_points": suite.frontier["max_points"],
+               "time_limit_s": suite.frontier["time_limit_s"]}
+        search_f = tuple((k, x) for k, x in search if k != "time_limit_s")
+        for cell in suite.cells:
+            if cell.group in seen:
+                continue
+            seen.add(cell.group)
+            out.append(Task(suite.name, cell, "frontier", suite.catalogs[cell.catalog],
+                            suite.quotas[cell.quota], search_f, tuple(sorted(fkw.items()))))
+    return out
+
+
+def _order(planners: Iterable[str]) -> dict[str, int]:
+    return {p: i for i, p in enumerate(("espresso", *planners, "frontier"))}
+
+
+def read_rows(out: Path) -> list[dict[str, Any]]:
+    """The rows of ``rows.jsonl`` in a results folder (a cut-short last line is skipped)."""
+    path = out / "rows.jsonl"
+    rows: list[dict[str, Any]] = []
+    if not path.exists():
+        return rows
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def write_csv(out: Path, rows: list[dict[str, Any]], planners: Iterable[str]) -> Path:
+    order = _order(planners)
+    rows = sorted(rows, key=lambda r: (r["cell"], order.get(r["planner"], 99)))
+    path = out / "rows.csv"
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=ROW_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in ROW_FIELDS})
+    tmp.replace(path)
+    return path
+
+
+Progress = Callable[[int, int, dict[str, Any]], None]
+
+
+def run_suite(suite: Suite, out: str | Path, *, jobs: int | None = None,
+              ray_address: str | None = None, resume: bool = False,
+              progress: Progress | None = None) -> list[dict[str, Any]]:
+    """Run ``suite`` into the folder ``out`` (created; refused when it holds another run's
+    rows unless ``resume``). ``jobs`` processes (default: one per core), or Ray tasks on the
+    cluster at ``ray_address`` (``local``: Ray's local mode, in this process). Returns the
+    rows of the frontier-free tasks and frontiers alike, in cell and planner order;
+    ``progress(done, total, row)`` is called after each task."""
+    out = Path(out)
+    jobs = os.cpu_count() or 1 if jobs is None else v.integer("jobs", jobs, minimum=1,
+                                                                maximum=1024)
+    out.mkdir(parents=True, exist_ok=True)
+    rows_path = out / "rows.jsonl"
+    done_rows = read_rows(out) if resume else []
+    if rows_path.exists() and not resume and rows_path.stat().st_size > 0:
+        msg = (f"bench run: {out} already holds the rows of a run; pass --resume to finish it, "
+               "or choose another --out")
+        raise SpecError(msg)
+    (out / "suite.json").write_text(json.dumps(suite.to_dict(), indent=2) + "\n",
+                                    encoding="utf-8")
+    (out / "plans").mkdir(exist_ok=True)
+    tasks = tasks_of(suite)
+    have = {(r["cell"], r["planner"]) for r in done_rows}
+    todo = [t for t in tasks if t.key not in have]
+    rows = list(done_rows)
+    total = len(tasks)
+    with rows_path.open("a", encoding="utf-8") as fh:
+
+        def record(task: Task, row: dict[str, Any], data: dict[str, Any] | None) -> None:
+            if data is not None:
+                if task.planner == "frontier":
+                    (out / "frontiers").mkdir(exist_ok=True)
+                    name = f"frontiers/{group_slug(task.cell)}.json"
+                else:
+                    name = f"plans/cell-{task.cell.index:04d}-{task.planner}.json"
+                (out / name).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+                row["plan_file"] = name
+            fh.write(json.dumps(_clean(row)) + "\n")
+            fh.flush()
+            rows.append(row)
+            if progress is not None:
+                progress(len(rows), total, row)
+
+        try:
+            if ray_address is not None:
+                _run_ray(todo, ray_address, record)
+            elif jobs == 1:
+                for t in todo:
+                    record(t, *run_task(t))
+            else:
+                _run_pool(todo, jobs, record)
+        finally:
+            write_csv(out, rows, suite.baselines)
+    order = _order(suite.baselines)
+    return sorted(rows, key=lambda r: (r["cell"], order.get(r["planner"], 99)))
+
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no infinity: a non-finite number becomes null."""
+    return {k: (None if isinstance(x, float) and not math.isfinite(x) else x)
+            for k, x in row.items()}
+
+
+def _run_pool(todo: list[Task], jobs: int,
+              record: Callable[[Task, dict[str, Any], dict[str, Any] | None], None]) -> None:
+    # spawn: the native search's threads make fork unsafe
+    with ProcessPoolExecutor(max_workers=min(jobs, max(1, len(todo))),
+                             mp_context=get_context("spawn")) as pool:
+        pending: dict[Future[Any], Task] = {}
+        it = iter(todo)
+        for t in it:  # keep 2 tasks per worker queued, not the whole suite
+            pending[pool.submit(run_task, t)] = t
+            if len(pending) >= 2 * jobs:
+                break
+        try:
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    t = pending.pop(f)
+                    record(t, *f.result())
+                    nxt = next(it, None)
+                    if nxt is not None:
+                        pending[pool.submit(run_task, nxt)] = nxt
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise
+
+
+def _run_ray(todo: list[Task], address: str,
+             record: Callable[[Task, dict[str, Any], dict[str, Any] | None], None]) -> None:
+    from .._optional import require
+
+    ray = require("ray")
+    started = False
+    if not ray.is_initialized():
+        with warnings.catch_warnings():  # Ray's own deprecations are not the user's to fix
+            warnings.simplefilter("ignore")
+            if address == "local":
+                ray.init(local_mode=True, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=address, log_to_driver=False)
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1)(run_task)
+        refs = {remote.remote(t): t for t in todo}
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=1)
+            for ref in ready:
+                t = refs.pop(ref)
+                record(t, *ray.get(ref))
+    finally:
+        if started:
+            ray.shutdown()
