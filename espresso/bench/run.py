@@ -208,8 +208,9 @@ def run_suite(suite: Suite, out: str | Path, *, jobs: int | None = None,
               progress: Progress | None = None) -> list[dict[str, Any]]:
     """Run ``suite`` into the folder ``out`` (created; refused when it holds another run's
     rows unless ``resume``). ``jobs`` processes (default: one per core), or Ray tasks on the
-    cluster at ``ray_address`` (``local``: Ray's local mode, in this process). Returns the
-    rows of the frontier-free tasks and frontiers alike, in cell and planner order;
+    cluster at ``ray_address`` (``local``: a one-machine Ray cluster started for the run
+    and stopped after it). Returns the
+    rows (plans and frontiers), in cell and planner order;
     ``progress(done, total, row)`` is called after each task."""
     out = Path(out)
     jobs = os.cpu_count() or 1 if jobs is None else v.integer("jobs", jobs, minimum=1,
@@ -221,6 +222,12 @@ def run_suite(suite: Suite, out: str | Path, *, jobs: int | None = None,
         msg = (f"bench run: {out} already holds the rows of a run; pass --resume to finish it, "
                "or choose another --out")
         raise SpecError(msg)
+    if done_rows or (resume and rows_path.exists()):
+        # keep only whole rows: a line cut short by an interrupt would swallow the next one
+        tmp = rows_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(_clean(r)) + "\n" for r in done_rows),
+                       encoding="utf-8")
+        tmp.replace(rows_path)
     (out / "suite.json").write_text(json.dumps(suite.to_dict(), indent=2) + "\n",
                                     encoding="utf-8")
     (out / "plans").mkdir(exist_ok=True)
@@ -301,10 +308,15 @@ def _run_ray(todo: list[Task], address: str,
     if not ray.is_initialized():
         with warnings.catch_warnings():  # Ray's own deprecations are not the user's to fix
             warnings.simplefilter("ignore")
-            if address == "local":
-                ray.init(local_mode=True, include_dashboard=False, log_to_driver=False)
-            else:
-                ray.init(address=address, log_to_driver=False)
+            try:
+                if address == "local":  # a one-machine cluster started here, ended after
+                    ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False,
+                             log_to_driver=False)
+                else:
+                    ray.init(address=address, log_to_driver=False)
+            except Exception as exc:  # Ray raises many kinds; say which address failed
+                msg = f"--ray {address}: Ray could not start or connect ({exc})"
+                raise SpecError(msg) from exc
         started = True
     try:
         remote = ray.remote(num_cpus=1)(run_task)

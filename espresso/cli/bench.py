@@ -110,7 +110,8 @@ def register(sub: Any) -> None:
                    help="parallel processes (default: one per core; 1: in this process)")
     r.add_argument("--ray", metavar="ADDRESS",
                    help="run the tasks on the Ray cluster at ADDRESS (auto, ray://HOST:PORT; "
-                        "local: Ray's local mode in this process); needs the ray extra")
+                        "local: a one-machine Ray cluster started for this run); needs the ray "
+                        "extra")
     r.add_argument("--time-limit", type=float, metavar="S",
                    help="search time limit per plan (default: the suite's, else 60 s)")
     r.add_argument("--resume", action="store_true",

@@ -10,6 +10,7 @@ from typing import Any
 from rich.markup import escape
 
 from .. import _io
+from .._optional import require
 from .._validate import load_yaml
 from ..catalog import Catalog
 from ..cost import CostParams
@@ -176,8 +177,28 @@ def _int_list(name: str, lo: int, hi: int, *, allow_none: bool = True) -> Any:
     return parse
 
 
+def _check_plot(path: str | None) -> None:
+    if path is None:
+        return
+    c.check_output("--plot", path)
+    if not path.lower().endswith((".png", ".svg", ".pdf")):
+        msg = f"--plot: expected a .png, .svg or .pdf file, got {path!r}"
+        raise JobError(msg)
+    require("matplotlib")  # the plot extra, before the search spends its time
+
+
+def _write_plot(con: Any, plan: Plan, path: str | None) -> None:
+    if path is None:
+        return
+    from ..plot import plot_plan
+
+    plot_plan(plan, path)
+    con.print(f"Drew the plan's timeline and memory per stage in {escape(path)}")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     c.check_output("--json", args.json)
+    _check_plot(args.plot)
     budget = TimeBudget(args.time_limit)
     catalog = c.load_available(args)
     job = job_from_args(args)
@@ -235,6 +256,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         con.print(f"Wrote the plan to {escape(args.json)}"
                   + (" (with search statistics)" if args.stats else ""))
+    _write_plot(con, best, args.plot)
     return c.EXIT_OK
 
 
@@ -271,6 +293,9 @@ def register(sub: Any) -> None:
                         "(default; cross-zone links and transfer are charged) or one "
                         "provider (cross-region)")
     p.add_argument("--json", metavar="OUT", help="write the plan (espresso.plan/1) to OUT")
+    p.add_argument("--plot", metavar="FILE",
+                   help="draw the plan's pipeline timeline and memory per stage into FILE "
+                        "(.png, .svg or .pdf; needs the plot extra)")
     p.add_argument("--stats", action="store_true",
                    help="with --json: also write the search statistics (they hold timings, "
                         "so the file then differs from run to run)")
