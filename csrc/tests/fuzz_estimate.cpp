@@ -181,6 +181,7 @@ int main(int argc, char** argv) {
             // Baseline spaces now and then: one TP width, the even split.
             if (rng() % 4 == 0) o.min_tp = hostile && rng() % 2 ? any_int(16) : 1 + static_cast<std::int64_t>(rng() % 8);
             o.placer.even_split = rng() % 4 == 0;
+            o.placer.fixed_order = rng() % 4 == 0;
             o.max_stages_by_types.resize(rng() % 4);
             std::int64_t prev = o.max_stages;
             for (auto& t : o.max_stages_by_types) {
@@ -232,6 +233,12 @@ int main(int argc, char** argv) {
             const PipelineResult r =
                 simulate_pipeline(f, b, c, c, any_int(64), rng() % 2 ? Schedule::GPipe : Schedule::OneFOneB);
             if (!finite_nonneg(r.makespan_s)) fail("finite makespan", i);
+            const std::int64_t M = 1 + static_cast<std::int64_t>(rng() % 8);
+            const std::vector<TimelineOp> ops = pipeline_timeline(f, b, c, c, M, Schedule::OneFOneB);
+            if (ops.size() != 2 * P * static_cast<std::size_t>(M)) fail("a whole timeline", i);
+            for (const TimelineOp& op : ops) {
+                if (!(op.start_s >= 0) || !(op.end_s >= op.start_s)) fail("ordered timeline", i);
+            }
         } catch (const std::invalid_argument&) {
         }
         // Interleaved 1F1B with arbitrary shapes (refused unless v >= 2 and M % P == 0).
