@@ -21,6 +21,7 @@ from .cost import CostParams
 from .errors import SpecError
 from .job import Job
 from .plan import Plan
+from .progress import DEFAULT_TIME_LIMIT_S
 from .search import DEFAULT_MAX_STAGES, InfeasibleError, _depth, place, search
 
 Planner = Callable[..., "Plan | None"]
@@ -79,10 +80,14 @@ def even_split(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
     tensor-parallel width for every stage: what planners without a placer do. The cheapest
     such plan over every width (the allocation and the stage order are still searched)."""
     top = int(kw.pop("max_tp", 8))
+    limit = kw.pop("time_limit_s", DEFAULT_TIME_LIMIT_S)
+    end = None if limit is None else time.monotonic() + float(limit)
     best: Plan | None = None
     w = 1
-    while w <= top:
-        p = _best(job, catalog, **{**kw, "min_tp": w, "max_tp": w, "even_split": True})
+    while w <= top:  # the time limit holds for all widths together
+        left = None if end is None else max(end - time.monotonic(), 0.01)
+        p = _best(job, catalog, **{**kw, "min_tp": w, "max_tp": w, "even_split": True,
+                                   "time_limit_s": left})
         if p is not None and p.estimate is not None and (
                 best is None or best.estimate is None
                 or p.estimate.total_usd < best.estimate.total_usd):
@@ -122,8 +127,8 @@ def prototype(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
       cheapest hourly rent over them.
     """
     params = kw.get("cost_model") or CostParams()
-    limit = float(kw.get("time_limit_s") or 60.0)
-    t_end = time.monotonic() + limit
+    limit = kw.get("time_limit_s", DEFAULT_TIME_LIMIT_S)
+    t_end = time.monotonic() + (1e9 if limit is None else float(limit))
     rows = [g for g in catalog.gpus if g.count > 0 and g.market != "spot"]
     places: dict[str, list[GpuType]] = {}
     for g in rows:
