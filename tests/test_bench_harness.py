@@ -160,10 +160,16 @@ def test_plots_are_drawn(local_run: tuple[Path, list[dict[str, Any]]]) -> None:
         assert (out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_one_process_gives_the_same_rows(tmp_path: Path,
+def test_one_process_gives_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                          local_run: tuple[Path, list[dict[str, Any]]]) -> None:
     _, rows = local_run
     suite = load_suite(_write(tmp_path, SUITE))
+
+    def no_pool(*args: Any) -> None:
+        msg = "jobs=1 must run in this process"
+        raise AssertionError(msg)
+
+    monkeypatch.setattr("espresso.bench.run._run_pool", no_pool)
     assert _plain(run_suite(suite, tmp_path / "one", jobs=1)) == _plain(rows)
 
 

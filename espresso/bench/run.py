@@ -213,8 +213,8 @@ def run_suite(suite: Suite, out: str | Path, *, jobs: int | None = None,
     rows (plans and frontiers), in cell and planner order;
     ``progress(done, total, row)`` is called after each task."""
     out = Path(out)
-    jobs = os.cpu_count() or 1 if jobs is None else v.integer("jobs", jobs, minimum=1,
-                                                                maximum=1024)
+    jobs = ((os.cpu_count() or 1) if jobs is None
+            else v.integer("jobs", jobs, minimum=1, maximum=1024))
     out.mkdir(parents=True, exist_ok=True)
     rows_path = out / "rows.jsonl"
     done_rows = read_rows(out) if resume else []

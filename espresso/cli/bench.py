@@ -47,6 +47,8 @@ def cmd_bench_run(args: argparse.Namespace) -> int:
 
         def progress(done: int, total: int, row: dict[str, Any]) -> None:
             bar.update(tid, completed=done, total=total, last=escape(_row_words(row)))
+            if not con.is_terminal:  # a log file: one line per finished task
+                con.print(f"[{done}/{total}] {escape(_row_words(row))}")
 
         rows = run_suite(suite, args.out, jobs=args.jobs, ray_address=args.ray,
                          resume=args.resume, progress=progress)
