@@ -90,7 +90,7 @@ def test_every_row_is_the_plan_its_planner_gives(local_run: tuple[Path, list[dic
     suite = load_suite(out.parent / "suite.yaml")
     by = _plain(rows)
     assert len(rows) == len(suite.cells) * (1 + len(BASELINES))
-    kw = {"time_limit_s": 30, "max_stages": (8, 4), "threads": 1}
+    kw = {"time_limit_s": 30, "max_stages": (8, 4), "threads": 1, "interleave_after": ()}
     for cell in suite.cells:
         plans = compare(cell.job(), es.Catalog.builtin("gpus"), **kw)
         for name, plan in plans.items():

@@ -87,6 +87,9 @@ def _search_kw(task: Task) -> dict[str, Any]:
         if isinstance(kw.get(k), list):
             kw[k] = tuple(kw[k])
     kw["threads"] = 1  # one process per task: the pool is the parallelism
+    # The proven search alone unless the suite asks for the interleaving refinement, so that
+    # every Espresso row is the optimum of its space and lies on the frontier.
+    kw["interleave_after"] = tuple(kw.get("interleave_after") or ())
     return kw
 
 

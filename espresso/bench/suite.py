@@ -44,7 +44,7 @@ MODEL_KEYS = ("model", "name", "tokens", "iterations", "deadlines", "seq_len",
               "global_batch_size")
 CATALOG_KEYS = ("catalog", "quota", "max_instances")
 SEARCH_KEYS = ("time_limit_s", "max_stages", "max_tp", "micro_batch_sizes", "recompute",
-               "sharding", "max_gpu_types", "schedule")
+               "sharding", "max_gpu_types", "schedule", "interleave_after")
 FRONTIER_KEYS = ("max_points", "time_limit_s")
 MAX_CELLS = 10_000
 """A suite expands to at most this many cells."""
