@@ -105,7 +105,8 @@ def plot_plan(plan: Plan, path: str | Path, *, title: str | None = None) -> Path
         msg = "plot_plan: the plan has no estimate; estimate it first (espresso.estimate)"
         raise SpecError(msg)
     P = len(est.stages)
-    labels = [f"{i}: {st.tp}x {st.gpu}" for i, st in enumerate(est.stages)]
+    labels = [f"{i}: {st.tp}x {st.gpu}" + (f"\n{ps.offer.split('/')[-1]}" if ps.offer else "")
+              for i, (st, ps) in enumerate(zip(est.stages, plan.stages, strict=True))]
     fig, (ax_t, ax_m) = plt.subplots(2, 1, figsize=(11, 2.2 + 0.75 * P),
                                      gridspec_kw={"height_ratios": [1.4, 1]})
     try:
@@ -164,6 +165,7 @@ def plot_cost_vs_deadline(series: Mapping[str, Sequence[tuple[float, float | Non
     gap with an x on the axis). ``frontier``: Espresso's exact cost-deadline steps
     ``(hours, usd)``, from the cheapest plan to the fastest, drawn as a step function."""
     plt = _pyplot()
+    ticker = require("matplotlib.ticker")
     fig, ax = plt.subplots(figsize=(8, 5))
     try:
         markers = "os^vD<>ph*"
@@ -188,6 +190,11 @@ def plot_cost_vs_deadline(series: Mapping[str, Sequence[tuple[float, float | Non
             ax.plot(xs, ys, color="black", linewidth=1, linestyle="--",
                     label="espresso frontier (exact)", zorder=3)
         ax.set_xscale("log")
+        hours = ticker.FuncFormatter(lambda x, _: f"{x:,.4g}")
+        ax.xaxis.set_major_formatter(hours)
+        ax.xaxis.set_minor_formatter(hours)
+        ax.tick_params(axis="x", which="minor", labelsize=7)
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"${y:,.0f}"))
         ax.set_xlabel("deadline (hours)")
         ax.set_ylabel("job cost (USD)")
         ax.set_ylim(bottom=0)

@@ -141,6 +141,13 @@ def test_csv_and_summary_follow_from_the_raw_rows(
         if mine:
             assert s["median"] == pytest.approx(statistics.median(mine))
             assert s["max"] == pytest.approx(max(mine))
+        sure = [1 - float(c["espresso"]["usd"]) / float(c[s["baseline"]]["usd"])
+                for c in cells.values()
+                if c["espresso"]["found"] == "True" and c[s["baseline"]]["found"] == "True"
+                and all(float(c[p]["gap"] or 0) == 0 for p in ("espresso", s["baseline"]))]
+        assert s["proven"] == len(sure)
+        if sure:
+            assert s["max_proven"] == pytest.approx(max(sure))
     path, _, _ = report(out, plots=False)
     text = path.read_text(encoding="utf-8")
     proto = next(s for s in savings_table(rows) if s["baseline"] == "prototype")

@@ -71,25 +71,30 @@ def _print_savings(con: Any, rows: list[dict[str, Any]]) -> None:
 
     table = Table(title="Espresso's saving against each baseline (cells where both found a "
                         "plan)")
-    for col in ("baseline", "cells", "median", "max", "baseline no plan", "baseline cheaper"):
+    for col in ("baseline", "cells", "median", "max", "both proven: cells", "median", "max",
+                "baseline no plan", "baseline cheaper"):
         table.add_column(col, justify="left" if col == "baseline" else "right")
     for s in savings_table([r for r in rows if r["planner"] != "frontier"]):
         table.add_row(s["baseline"], str(s["both"]),
                       "—" if s["median"] is None else f"{100 * s['median']:.1f}%",
                       "—" if s["max"] is None else f"{100 * s['max']:.1f}%",
+                      str(s["proven"]),
+                      "—" if s["median_proven"] is None else f"{100 * s['median_proven']:.1f}%",
+                      "—" if s["max_proven"] is None else f"{100 * s['max_proven']:.1f}%",
                       str(s["only_espresso"]), str(s["cheaper"]))
     con.print(table)
 
 
 def cmd_bench_report(args: argparse.Namespace) -> int:
-    from ..bench import read_rows, report
+    from ..bench import report
+    from ..bench.report import load_results
 
     if not (Path(args.dir) / "rows.jsonl").exists():
         msg = f"bench report: {args.dir} has no rows.jsonl (run `espresso bench run` first)"
         raise SpecError(msg)
     path, plots, why = report(args.dir, plots=not args.no_plots)
     con = c.console()
-    _print_savings(con, read_rows(Path(args.dir)))
+    _print_savings(con, load_results(Path(args.dir))[1])
     con.print(f"Wrote {escape(str(path))}" + (f" and {len(plots)} plots" if plots else ""))
     if why:
         con.print(f"[yellow]No plots:[/] {escape(why)}")
