@@ -181,7 +181,7 @@ def summary_markdown(rows: list[Row], suite: dict[str, Any] | None = None,
 
 
 def _frontier_file(out: Path | None, row: Row) -> dict[str, Any] | None:
-    if out is None or not row.get("plan_file"):
+    if out is None or not row.get("plan_file") or not (out / str(row["plan_file"])).exists():
         return None
     data: dict[str, Any] = json.loads((out / str(row["plan_file"])).read_text(encoding="utf-8"))
     return data
@@ -214,7 +214,8 @@ def draw(out: Path, rows: list[Row]) -> list[str]:
             f"{first['model']} on {first['catalog']} ({first['quota']}), {_length(first)}"))
         made.append(name)
         tight = sorted((r for r in rs if r["planner"] == "espresso" and r["found"]
-                        and r.get("plan_file")), key=lambda r: float(r["deadline_hours"]))
+                        and r.get("plan_file") and (out / r["plan_file"]).exists()),
+                       key=lambda r: float(r["deadline_hours"]))
         if tight:
             r = tight[0]
             plan = Plan.from_dict(json.loads((out / r["plan_file"]).read_text("utf-8")))
