@@ -125,14 +125,14 @@ def test_prototype_plans_as_the_paper_describes() -> None:
     assert plan.estimate.total_usd > best.estimate.total_usd * 1.05
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(40))
 def test_fixed_order_places_the_best_split_of_the_compute_memory_order(seed: int) -> None:
     """place(fixed_order=True): stages in compute-memory order, and the fastest layer split
     for that order (every split enumerated with estimate())."""
     rng = random.Random(seed)
     job, catalog = random_instance(seed, 3)
     pool = [g.name for g in catalog.gpus for _ in range(g.count)]  # one entry per GPU
-    groups = [(n, 1) for n in rng.sample(pool, min(len(pool), rng.randint(2, 3)))]
+    groups = [(n, 1) for n in rng.sample(pool, min(len(pool), rng.randint(2, 4)))]
     order = sorted(groups, key=lambda gr: _ratio(catalog[gr[0]]))
     best = math.inf
     for sizes in compositions(job.model.num_layers, len(order)):
