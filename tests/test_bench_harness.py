@@ -245,3 +245,11 @@ def test_the_cli_runs_a_suite_and_reports(tmp_path: Path, capsys: pytest.Capture
 def test_search_time_is_recorded(local_run: tuple[Path, list[dict[str, Any]]]) -> None:
     _, rows = local_run
     assert all(math.isfinite(r["search_s"]) and r["search_s"] >= 0 for r in rows)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "bench/suites").glob(
+    "*.yaml")), ids=lambda p: p.name)
+def test_the_shipped_suites_load(path: Path) -> None:
+    suite = load_suite(path)
+    assert suite.cells and suite.baselines == tuple(BASELINES)
+    assert all(c.job().deadline_hours > 0 for c in suite.cells)
