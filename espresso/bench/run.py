@@ -279,27 +279,32 @@ def _clean(row: dict[str, Any]) -> dict[str, Any]:
 def _run_pool(todo: list[Task], jobs: int,
               record: Callable[[Task, dict[str, Any], dict[str, Any] | None], None]) -> None:
     # spawn: the native search's threads make fork unsafe
-    with ProcessPoolExecutor(max_workers=min(jobs, max(1, len(todo))),
-                             mp_context=get_context("spawn")) as pool:
-        pending: dict[Future[Any], Task] = {}
+    pool = ProcessPoolExecutor(max_workers=min(jobs, max(1, len(todo))),
+                               mp_context=get_context("spawn"))
+    pending: dict[Future[Any], Task] = {}
+    try:
         it = iter(todo)
         for t in it:  # keep 2 tasks per worker queued, not the whole suite
             pending[pool.submit(run_task, t)] = t
             if len(pending) >= 2 * jobs:
                 break
-        try:
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for f in finished:
-                    t = pending.pop(f)
-                    record(t, *f.result())
-                    nxt = next(it, None)
-                    if nxt is not None:
-                        pending[pool.submit(run_task, nxt)] = nxt
-        except BaseException:
-            for f in pending:
-                f.cancel()
-            raise
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for f in finished:
+                t = pending.pop(f)
+                record(t, *f.result())
+                nxt = next(it, None)
+                if nxt is not None:
+                    pending[pool.submit(run_task, nxt)] = nxt
+    except BaseException:
+        # Ctrl-C or a failure: stop now (the rows written so far stay), not after the
+        # running searches end.
+        workers = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for w in workers:
+            w.terminate()
+        raise
+    pool.shutdown(wait=True)
 
 
 def _run_ray(todo: list[Task], address: str,
