@@ -253,3 +253,11 @@ def test_the_shipped_suites_load(path: Path) -> None:
     suite = load_suite(path)
     assert suite.cells and suite.baselines == tuple(BASELINES)
     assert all(c.job().deadline_hours > 0 for c in suite.cells)
+
+
+def test_a_bad_quota_file_fails_before_anything_runs(tmp_path: Path) -> None:
+    data = {**SUITE, "quotas": {"q": "missing.yaml"}}
+    suite = load_suite(_write(tmp_path, data))
+    with pytest.raises(es.SpecError, match=r"missing\.yaml"):
+        run_suite(suite, tmp_path / "out", jobs=1)
+    assert not (tmp_path / "out" / "rows.jsonl").exists()

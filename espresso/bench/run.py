@@ -216,6 +216,8 @@ def run_suite(suite: Suite, out: str | Path, *, jobs: int | None = None,
     rows (plans and frontiers), in cell and planner order;
     ``progress(done, total, row)`` is called after each task."""
     out = Path(out)
+    for cat, quota in {(c.catalog, c.quota) for c in suite.cells}:
+        _catalog(suite.catalogs[cat], suite.quotas[quota])  # a bad file fails here, at once
     jobs = ((os.cpu_count() or 1) if jobs is None
             else v.integer("jobs", jobs, minimum=1, maximum=1024))
     out.mkdir(parents=True, exist_ok=True)
