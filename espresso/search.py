@@ -452,8 +452,8 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         return bool(st.complete)
 
     def stopped() -> bool:
-        left = budget.share(1.0)
-        return (left is not None and left <= 0) or (progress is not None and progress.cancelled)
+        # budget.share() never goes below MIN_SEARCH_S: ask whether the time is spent
+        return budget.spent or (progress is not None and progress.cancelled)
 
     live = [n for n, item in enumerate(prepared) if math.isfinite(item[0])]
     agg["pruned_deadline"] += len(prepared) - len(live)
