@@ -409,8 +409,8 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         return min(best, shared.value) if shared is not None else best
 
     # Pass 1 gives each subproblem a fair share of the time left (so one hard domain cannot
-    # starve the others); pass 2 returns to those a share did not finish, best bound first,
-    # with the incumbent of all of them.
+    # starve the others; the leading ones, the best bounds, at least half of it); pass 2
+    # returns to those a share did not finish, best bound first, with the incumbent of all.
     retry: list[tuple[float, int]] = []
     out_of_time = False
 
@@ -464,6 +464,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     workers = opts.threads if shared is not None and len(live) > opts.threads else 1
     queue = collections.deque(live)
     qlock = threading.Lock()
+    begun = [0]  # subproblems taken from the queue
 
     def work(threads_each: int) -> None:
         nonlocal out_of_time
@@ -473,6 +474,8 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                     return
                 n = queue.popleft()
                 remaining = len(queue) + 1
+                lead = begun[0] < workers  # among the most promising: one per worker
+                begun[0] += 1
             with lock:
                 cut = prepared[n][0] > kth() * (1 + 1e-9)
                 if cut:
@@ -485,7 +488,12 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                     retry.append((prepared[n][0], n))
                 continue
             left = budget.share(1.0)
-            share = None if left is None else min(left, left * workers / remaining)
+            # The leading subproblems (the best bounds) get at least half of what is left:
+            # a short limit split evenly over a hundred regions lets none finish, while the
+            # first one's proven plan usually cuts all the others at once.
+            fair = None if left is None else left * workers / remaining
+            share = None if left is None or fair is None else min(
+                left, max(fair, 0.5 * left) if lead else fair)
             run(n, share, threads_each)
 
     if workers == 1:
