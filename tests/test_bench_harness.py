@@ -237,6 +237,9 @@ def test_the_cli_runs_a_suite_and_reports(tmp_path: Path, capsys: pytest.Capture
     assert (out / "summary.md").exists() and len(read_rows(out)) == 1 + len(BASELINES)
     assert main(["bench", "run", str(path), "--out", str(out), "--jobs", "1"]) == 2
     assert "--resume" in capsys.readouterr().err
+    assert main(["bench", "run", str(path), "--out", str(tmp_path / "o2"),
+                 "--time-limit", "-1"]) == 2
+    assert "--time-limit: expected a number > 0" in capsys.readouterr().err
     assert main(["bench", "report", str(tmp_path / "nowhere")]) == 2
     assert "has no rows.jsonl" in capsys.readouterr().err
     assert main(["bench", "report", str(out), "--no-plots"]) == 0

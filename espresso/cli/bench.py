@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .. import _validate as v
 from ..errors import SpecError
 from . import _common as c
 
@@ -32,7 +33,8 @@ def cmd_bench_run(args: argparse.Namespace) -> int:
 
     suite = load_suite(args.suite)
     if args.time_limit is not None:
-        suite.search["time_limit_s"] = args.time_limit
+        suite.search["time_limit_s"] = v.number("--time-limit", args.time_limit, positive=True,
+                                                maximum=86_400)
     con = c.console()
     where = f"Ray ({args.ray})" if args.ray else f"{args.jobs or 'one per core'} processes"
     con.print(f"Suite [bold]{escape(suite.name)}[/]: {len(suite.cells)} cells x "
