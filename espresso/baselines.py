@@ -36,6 +36,19 @@ class Baseline:
     plan: Planner
 
 
+def _cheaper(p: Plan | None, best: Plan | None, *, hourly: bool = False) -> bool:
+    """``p`` beats ``best``: a lower job cost (``hourly``: a lower hourly rent, then job
+    cost)."""
+    if p is None or p.estimate is None:
+        return False
+    if best is None or best.estimate is None:
+        return True
+    a, b = p.estimate, best.estimate
+    if hourly:
+        return (a.hourly_usd, a.total_usd) < (b.hourly_usd, b.total_usd)
+    return a.total_usd < b.total_usd
+
+
 def _best(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
     res = search(job, catalog, **kw)
     return res.plans[0] if res.plans else None
@@ -88,9 +101,7 @@ def even_split(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
         left = None if end is None else max(end - time.monotonic(), 0.01)
         p = _best(job, catalog, **{**kw, "min_tp": w, "max_tp": w, "even_split": True,
                                    "time_limit_s": left})
-        if p is not None and p.estimate is not None and (
-                best is None or best.estimate is None
-                or p.estimate.total_usd < best.estimate.total_usd):
+        if _cheaper(p, best):
             best = p
         w *= 2
     return best
@@ -139,10 +150,7 @@ def prototype(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
     best: Plan | None = None
     for rs in ranked[:PROTOTYPE_LOCATIONS]:
         p = _greedy(job, catalog, rs, params, t_end, kw)
-        if p is not None and p.estimate is not None and (
-                best is None or best.estimate is None
-                or (p.estimate.hourly_usd, p.estimate.total_usd)
-                < (best.estimate.hourly_usd, best.estimate.total_usd)):
+        if _cheaper(p, best, hourly=True):
             best = p
     return best
 
@@ -215,9 +223,8 @@ def _greedy(job: Job, catalog: Catalog, rows: list[GpuType], params: CostParams,
             return current
         if time.monotonic() > t_end:
             return None
-        moves: list[tuple[list[str], int]] = []
-        moves += [(sorted([*stages, g.name], key=names.index), dp)
-                  for g in order if spare(stages, dp, g.name) and deep_ok([*stages, g.name])]
+        moves = [(sorted([*stages, g.name], key=names.index), dp)
+                 for g in order if spare(stages, dp, g.name) and deep_ok([*stages, g.name])]
         if all(stages.count(n) * (dp + 1) <= catalog[n].count for n in set(stages)):
             moves.append((stages, dp + 1))
         best: tuple[float, Plan, list[str], int] | None = None

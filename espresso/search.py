@@ -491,9 +491,10 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
             # The leading subproblems (the best bounds) get at least half of what is left:
             # a short limit split evenly over a hundred regions lets none finish, while the
             # first one's proven plan usually cuts all the others at once.
-            fair = None if left is None else left * workers / remaining
-            share = None if left is None or fair is None else min(
-                left, max(fair, 0.5 * left) if lead else fair)
+            share = None
+            if left is not None:
+                fair = left * workers / remaining
+                share = min(left, max(fair, 0.5 * left) if lead else fair)
             run(n, share, threads_each)
 
     if workers == 1:

@@ -16,8 +16,7 @@ from typing import Any
 
 from ..errors import MissingExtraError
 from ..plan import Plan
-from .run import _order, group_slug, read_rows, slug
-from .suite import Cell
+from .run import _order, curve_slug, read_rows
 
 Row = dict[str, Any]
 
@@ -194,8 +193,8 @@ def draw(out: Path, rows: list[Row]) -> list[str]:
     plan_rows = [r for r in rows if r["planner"] != "frontier"]
     groups: dict[str, list[Row]] = {}
     for r in plan_rows:
-        groups.setdefault(_group(r), []).append(r)
-    fronts = {_group(r): r for r in rows if r["planner"] == "frontier" and r.get("plan_file")}
+        groups.setdefault(curve_slug(r), []).append(r)
+    fronts = {curve_slug(r): r for r in rows if r["planner"] == "frontier" and r.get("plan_file")}
     made: list[str] = []
     (out / "plots").mkdir(exist_ok=True)
     for old in [*(out / "plots").glob("cost-vs-deadline-*.png"),
@@ -225,16 +224,6 @@ def draw(out: Path, rows: list[Row]) -> list[str]:
                 f"(cell {r['cell']}): ${float(r['usd']):,.0f}"))
             made.append(name)
     return made
-
-
-def _group(r: Row) -> str:
-    cell = Cell(index=int(r["cell"]), model=str(r["model"]), model_name=str(r["model"]),
-                catalog=str(r["catalog"]), quota=str(r["quota"]),
-                tokens=None if r.get("tokens") is None else int(r["tokens"]),
-                iterations=None if r.get("iterations") is None else int(r["iterations"]),
-                deadline_hours=float(r["deadline_hours"]), seq_len=int(r["seq_len"]),
-                global_batch_size=int(r["global_batch_size"]))
-    return slug(group_slug(cell), r["seq_len"], r["global_batch_size"])
 
 
 def load_results(out: Path) -> tuple[dict[str, Any], list[Row]]:

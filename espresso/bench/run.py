@@ -75,10 +75,14 @@ def slug(*parts: Any) -> str:
     return re.sub(r"[^A-Za-z0-9_.]+", "_", text).strip("_")
 
 
-def group_slug(cell: Cell) -> str:
-    n = (f"{cell.tokens:.3g}".replace("e+0", "e").replace("e+", "e") + "tok"
-         if cell.tokens is not None else f"{cell.iterations}it")
-    return slug(cell.model_name, cell.catalog, cell.quota, n)
+def curve_slug(row: dict[str, Any]) -> str:
+    """The file name of a curve (cells that differ only in the deadline), from a row's or a
+    cell's fields: the same for its frontier file and its plot."""
+    tokens, iterations = row.get("tokens"), row.get("iterations")
+    n = (f"{float(tokens):.3g}".replace("e+0", "e").replace("e+", "e") + "tok"
+         if tokens is not None else f"{iterations}it")
+    return slug(row["model"], row["catalog"], row["quota"], n, row["seq_len"],
+                row["global_batch_size"])
 
 
 def _search_kw(task: Task) -> dict[str, Any]:
@@ -247,7 +251,7 @@ def run_suite(suite: Suite, out: str | Path, *, jobs: int | None = None,
             if data is not None:
                 if task.planner == "frontier":
                     (out / "frontiers").mkdir(exist_ok=True)
-                    name = f"frontiers/{group_slug(task.cell)}.json"
+                    name = f"frontiers/{curve_slug(row)}.json"
                 else:
                     name = f"plans/cell-{task.cell.index:04d}-{task.planner}.json"
                 (out / name).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
