@@ -10,10 +10,13 @@ whose result it could not save.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
+import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,8 @@ def _reason(exc: BaseException) -> str:
         return "a part of the path is not a directory"
     if isinstance(exc, PermissionError):
         return "permission denied"
+    if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
+        return "the name is too long for the file system"
     if isinstance(exc, UnicodeDecodeError):
         return (f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
                 "expected a UTF-8 YAML/JSON file")
@@ -44,8 +49,30 @@ def _reason(exc: BaseException) -> str:
 
 
 def _fail(what: str, path: str | Path, exc: BaseException, err: type[Exception]) -> Exception:
-    msg = f"{what}: {os.fspath(path)}: {_reason(exc)}"
+    msg = f"{what}: {shown_path(path)}: {_reason(exc)}"
     return err(msg)
+
+
+def shown_path(path: str | Path) -> str:
+    """The path as messages show it: a name of thousands of characters is cut."""
+    text = os.fspath(path)
+    return text if len(text) <= 200 else f"{text[:80]}...({len(text):,} characters)"
+
+
+def kind_of(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words, for messages."""
+    for test, words in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def _check_path(what: str, path: str | Path, err: type[Exception]) -> None:
+    if isinstance(path, str) and not path:
+        msg = f"{what}: an empty path; expected a file name"
+        raise err(msg)
 
 
 MAX_INPUT_BYTES = 8 * 1024 * 1024
@@ -54,28 +81,102 @@ MAX_INPUT_BYTES = 8 * 1024 * 1024
 file cannot hold a command for more than seconds."""
 
 
-def read_text(what: str, path: str | Path, *, err: type[Exception] = FileError) -> str:
-    """The UTF-8 text of ``path``; errors name ``what`` (e.g. ``catalog``) and the file."""
+def read_bytes(what: str, path: str | Path, *, err: type[Exception] = FileError) -> bytes:
+    """The bytes of the regular file ``path`` (at most :data:`MAX_INPUT_BYTES`).
+
+    Anything else is refused before a byte is read: a FIFO or a terminal would block, a
+    device like ``/dev/zero`` never ends. The file is opened without blocking and checked
+    on the open descriptor, so it cannot be swapped for a FIFO in between."""
+    _check_path(what, path, err)
     try:
-        p = Path(path)
-        size = p.stat().st_size
-        if size > MAX_INPUT_BYTES:
-            msg = (f"{what}: {os.fspath(path)}: {size:,} bytes is too large "
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as exc:
+        raise _fail(what, path, exc, err) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            msg = f"{what}: {shown_path(path)}: is {kind_of(st.st_mode)}, expected a regular file"
+            if stat.S_ISDIR(st.st_mode):
+                msg = f"{what}: {shown_path(path)}: is a directory, expected a file"
+            raise err(msg)
+        if st.st_size > MAX_INPUT_BYTES:
+            msg = (f"{what}: {shown_path(path)}: {st.st_size:,} bytes is too large "
                    f"(at most {MAX_INPUT_BYTES:,})")
             raise err(msg)
-        return p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        chunks = []
+        size = 0
+        while chunk := os.read(fd, 1 << 20):
+            size += len(chunk)
+            if size > MAX_INPUT_BYTES:  # grew while being read
+                msg = f"{what}: {shown_path(path)}: more than {MAX_INPUT_BYTES:,} bytes"
+                raise err(msg)
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
         if isinstance(exc, err):
             raise
         raise _fail(what, path, exc, err) from None
+    finally:
+        os.close(fd)
+
+
+def read_text(what: str, path: str | Path, *, err: type[Exception] = FileError) -> str:
+    """The UTF-8 text of ``path``; errors name ``what`` (e.g. ``catalog``) and the file."""
+    data = read_bytes(what, path, err=err)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _fail(what, path, exc, err) from None
+
+
+def is_file(path: str | Path) -> bool:
+    """Whether ``path`` names an existing regular file (through symlinks); ``False`` for
+    names the file system cannot hold, instead of an error."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def exists(path: str | Path) -> bool:
+    """``os.path.exists`` that says ``False`` for names too long to exist."""
+    try:
+        os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 _SafeBase = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when present
 
 
+class DuplicateKeyError(yaml.YAMLError, ValueError):
+    """A mapping names one key twice (YAML and JSON parsers would keep the last silently)."""
+
+
 class _Loader(_SafeBase):  # type: ignore[misc,valid-type]
     """PyYAML's safe loader, reading ``1e-3`` and ``2E10`` as numbers as well: YAML 1.1 (what
-    PyYAML follows) wants a dot in the mantissa and would read them as strings."""
+    PyYAML follows) wants a dot in the mantissa and would read them as strings. A key given
+    twice in one mapping is an error, not "the last wins"."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<:` merges; explicit keys may override merged ones
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    dup = key in seen
+                    seen.add(key)
+                except TypeError:
+                    continue  # an unhashable key: the base class reports it
+                if dup:
+                    mark = key_node.start_mark
+                    msg = (f"duplicate key {key!r} (line {mark.line + 1}, column "
+                           f"{mark.column + 1}); each key may appear once")
+                    raise DuplicateKeyError(msg)
+        return super().construct_mapping(node, deep=deep)
 
 
 _FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
@@ -96,10 +197,28 @@ def parse_yaml(text: str) -> Any:
     same."""
     if text.lstrip()[:1] in ("{", "["):
         try:
-            return json.loads(text)
+            return loads_json(text)
+        except DuplicateKeyError:
+            raise
         except (ValueError, RecursionError):
             pass  # YAML flow style, or not valid at all: the YAML parser says which
     return yaml.load(text, Loader=_Loader)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, val in pairs:
+        if key in out:
+            msg = f"duplicate key {key!r}; each key may appear once"
+            raise DuplicateKeyError(msg)
+        out[key] = val
+    return out
+
+
+def loads_json(text: str) -> Any:
+    """``json.loads`` that refuses a key given twice in one object
+    (:class:`DuplicateKeyError`)."""
+    return json.loads(text, object_pairs_hook=_unique_pairs)
 
 
 def load_yaml(what: str, path: str | Path, *, err: type[Exception] = FileError) -> Any:
@@ -108,31 +227,48 @@ def load_yaml(what: str, path: str | Path, *, err: type[Exception] = FileError) 
     try:
         return parse_yaml(text)
     except yaml.YAMLError as exc:
-        msg = f"{what}: {os.fspath(path)}: cannot parse as YAML/JSON: {exc}"
+        msg = f"{what}: {shown_path(path)}: cannot parse as YAML/JSON: {exc}"
         raise err(msg) from None
     except RecursionError:
-        msg = f"{what}: {os.fspath(path)}: nested too deeply to parse"
+        msg = f"{what}: {shown_path(path)}: nested too deeply to parse"
         raise err(msg) from None
 
 
 def check_writable(what: str, path: str | Path, *, err: type[Exception] = FileError) -> Path:
-    """Refuse, before any work, an output path that cannot be written: a directory, a path
-    whose folder is missing or not a folder, or a folder without write permission."""
-    p = Path(path)
-    if p.is_dir():
-        msg = f"{what}: {os.fspath(path)}: is a directory, expected a file name"
+    """Refuse, before any work, an output path that cannot be written, and return the file
+    that will be written: ``path`` itself, or for a symlink the file it points to (written
+    through, the link kept).
+
+    Outputs are regular files only: a directory, FIFO, socket or device is refused by name
+    (an atomic write would replace it with a file), as is a path whose folder is missing or
+    not a folder, or a folder without write permission."""
+    _check_path(what, path, err)
+    shown = shown_path(path)
+    try:
+        target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except (OSError, ValueError) as exc:
+        raise _fail(what, path, exc, err) from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        if stat.S_ISDIR(st.st_mode):
+            msg = f"{what}: {shown}: is a directory, expected a file name"
+        else:
+            msg = (f"{what}: {shown}: is {kind_of(st.st_mode)}; outputs are written to "
+                   "regular files only")
         raise err(msg)
-    parent = p.parent if str(p.parent) else Path(".")
+    parent = target.parent if str(target.parent) else Path(".")
     if not parent.exists():
-        msg = f"{what}: {os.fspath(path)}: the folder {os.fspath(parent)!r} does not exist"
+        msg = f"{what}: {shown}: the folder {shown_path(parent)!r} does not exist"
         raise err(msg)
     if not parent.is_dir():
-        msg = f"{what}: {os.fspath(path)}: {os.fspath(parent)!r} is not a folder"
+        msg = f"{what}: {shown}: {shown_path(parent)!r} is not a folder"
         raise err(msg)
     if not os.access(parent, os.W_OK | os.X_OK):
-        msg = f"{what}: {os.fspath(path)}: cannot write in {os.fspath(parent)!r}"
+        msg = f"{what}: {shown}: cannot write in {shown_path(parent)!r}"
         raise err(msg)
-    return p
+    return target
 
 
 def _read_umask() -> int:
@@ -146,22 +282,33 @@ def _read_umask() -> int:
 _UMASK = _read_umask()
 
 
-def write_text(what: str, path: str | Path, text: str, *, mode: int | None = None,
-               err: type[Exception] = FileError) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file + rename)."""
-    p = check_writable(what, path, err=err)
-    parent = p.parent if str(p.parent) else Path(".")
+@contextlib.contextmanager
+def atomic_output(what: str, path: str | Path, *, mode: int | None = None, suffix: str = "",
+                  err: type[Exception] = FileError) -> Iterator[Path]:
+    """A temporary path beside the output ``path`` for a writer (e.g. ``savefig``) to fill;
+    when the block ends without an error it is renamed over the output (through a symlink,
+    onto the file the link names), else removed. ``suffix`` keeps the extension that tells a
+    writer the format. Permissions: ``mode``, else an existing output's, else the umask's."""
+    target = check_writable(what, path, err=err)
+    parent = target.parent if str(target.parent) else Path(".")
     tmp: str | None = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode if mode is not None else 0o666 & ~_UMASK)
-        os.replace(tmp, p)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:100]}.", suffix=f".tmp{suffix}",
+                                   dir=parent)
+        os.close(fd)
+        yield Path(tmp)
+        if mode is None:
+            try:
+                mode = stat.S_IMODE(os.stat(target).st_mode)
+            except OSError:
+                mode = 0o666 & ~_UMASK
+        os.chmod(tmp, mode)
+        check_writable(what, path, err=err)  # still a regular file (or nothing) to replace
+        os.replace(tmp, target)
         tmp = None
     except OSError as exc:
+        if isinstance(exc, err):
+            raise
         raise _fail(what, path, exc, err) from None
     finally:
         if tmp is not None:
@@ -169,15 +316,31 @@ def write_text(what: str, path: str | Path, text: str, *, mode: int | None = Non
                 os.unlink(tmp)
 
 
+def write_text(what: str, path: str | Path, text: str, *, mode: int | None = None,
+               err: type[Exception] = FileError) -> None:
+    """Write ``text`` to ``path`` atomically (temporary file + rename; see
+    :func:`atomic_output`)."""
+    with atomic_output(what, path, mode=mode, err=err) as tmp, \
+            open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
 
 def make_dir(what: str, path: str | Path, *, err: type[Exception] = FileError) -> Path:
     """Create a folder (and its parents) for outputs; refuse a path that is a file."""
+    _check_path(what, path, err)
     p = Path(path)
-    if p.exists() and not p.is_dir():
-        msg = f"{what}: {os.fspath(path)}: exists and is not a folder"
-        raise err(msg)
     try:
+        if p.exists() and not p.is_dir():
+            msg = f"{what}: {shown_path(path)}: exists and is not a folder"
+            raise err(msg)
         p.mkdir(parents=True, exist_ok=True)
+        if not os.access(p, os.W_OK | os.X_OK):
+            msg = f"{what}: {shown_path(path)}: cannot write in this folder"
+            raise err(msg)
     except OSError as exc:
+        if isinstance(exc, err):
+            raise
         raise _fail(what, path, exc, err) from None
     return p

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -242,6 +242,7 @@ class Catalog:
     notes: tuple[str, ...] = ()
     """What the catalog assumes (e.g. the snapshot's date, a default quota); printed with
     every plan made from it."""
+    _index: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
@@ -252,16 +253,17 @@ class Catalog:
         if len(gpus) > 100_000:
             msg = f"catalog.gpus: at most 100000 GPU types are supported, got {len(gpus)}"
             raise CatalogError(msg)
-        seen: set[str] = set()
-        for g in gpus:
+        index: dict[str, int] = {}
+        for i, g in enumerate(gpus):
             if not isinstance(g, GpuType):
                 msg = f"catalog.gpus: expected GpuType entries, got {type(g).__name__}"
                 raise CatalogError(msg)
-            if g.name in seen:
+            if g.name in index:
                 msg = f"catalog.gpus: GPU name {g.name!r} appears more than once; names are keys"
                 raise CatalogError(msg)
-            seen.add(g.name)
+            index[g.name] = i
         object.__setattr__(self, "gpus", gpus)
+        object.__setattr__(self, "_index", index)  # name -> row, for lookups in O(1)
 
     # ------------------------------------------------------------------ access
     def __len__(self) -> int:
@@ -271,16 +273,16 @@ class Catalog:
         return iter(self.gpus)
 
     def __contains__(self, name: object) -> bool:
-        return any(g.name == name for g in self.gpus)
+        return isinstance(name, str) and name in self._index
 
     @property
     def names(self) -> list[str]:
         return [g.name for g in self.gpus]
 
     def index(self, name: str) -> int:
-        for i, g in enumerate(self.gpus):
-            if g.name == name:
-                return i
+        i = self._index.get(name) if isinstance(name, str) else None
+        if i is not None:
+            return i
         names = self.names
         hint = v.suggest(name, names)
         if len(names) > 12:

@@ -11,6 +11,74 @@ from .errors import PlanError
 
 GB = 1e9
 
+RENT_KEYS = {"offer": "str", "provider": "str?", "region": "str?", "instance_type": "str",
+             "gpu": "str", "instances": "int", "gpus": "int", "idle_gpus": "int",
+             "hourly_usd": "float", "market": "str", "interruptions_per_hour": "float",
+             "recovery_hours": "float"}
+"""The fields of one entry of ``Estimate.rent`` and their types (``?``: may be null)."""
+RENT_REQUIRED = ("offer", "instance_type", "gpu", "instances", "gpus", "hourly_usd")
+
+
+def _typed(where: str, value: Any, kind: str) -> Any:
+    """``value`` checked against a field type of this module (its annotation's text): the
+    estimate of a plan file is data from outside, and every report reads it."""
+    if kind.endswith("?") or kind.endswith(" | None"):
+        return None if value is None else _typed(where, value, kind.rstrip("?").removesuffix(
+            " | None"))
+    if kind == "int":
+        return v.integer(where, value, err=PlanError)
+    if kind == "float":  # a real number; inf stands for "never" (e.g. hours at confidence)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            v.number(where, value, err=PlanError)  # raises, naming the field
+        return float(value)
+    if kind == "bool":
+        return v.boolean(where, value, err=PlanError)
+    if kind == "str":
+        if not isinstance(value, str):
+            msg = f"{where}: expected a string, got {value!r}"
+            raise PlanError(msg)
+        return value
+    if kind.startswith("tuple[") or kind.startswith("dict[str, "):
+        inner = kind[kind.index("[") + 1:-1]
+        if kind.startswith("dict"):
+            m = v.mapping(where, value, err=PlanError)
+            val_kind = inner.removeprefix("str, ")
+            return {str(k): _typed(f"{where}[{k!r}]", x, val_kind) for k, x in m.items()}
+        if not isinstance(value, (list, tuple)):
+            msg = f"{where}: expected a list, got {value!r}"
+            raise PlanError(msg)
+        parts = [p.strip() for p in inner.split(",")]
+        if parts[-1] == "...":
+            return tuple(_typed(f"{where}[{i}]", x, parts[0]) for i, x in enumerate(value))
+        if len(value) != len(parts):
+            msg = f"{where}: expected a list of {len(parts)} items, got {value!r}"
+            raise PlanError(msg)
+        return tuple(_typed(f"{where}[{i}]", x, k) for i, (x, k) in
+                     enumerate(zip(value, parts, strict=True)))
+    msg = f"internal: no check for field type {kind!r}"
+    raise TypeError(msg)
+
+
+def _checked(where: str, cls: Any, data: Any, optional: tuple[str, ...] = (),
+             special: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields of dataclass ``cls`` from ``data``, each checked against its type (those in
+    ``special`` are left to the caller)."""
+    data = dict(v.mapping(where, data, err=PlanError))
+    names = [f.name for f in fields(cls)]
+    v.known_keys(where, data, names, [n for n in names if n not in optional], err=PlanError)
+    types = {f.name: str(f.type) for f in fields(cls)}
+    return {k: x if k in special else _typed(f"{where}.{k}", x, types[k])
+            for k, x in data.items()}
+
+
+def _rent_entry(where: str, value: Any) -> dict[str, Any]:
+    data = v.mapping(where, value, err=PlanError)
+    v.known_keys(where, data, tuple(RENT_KEYS), RENT_REQUIRED, err=PlanError)
+    out = {k: _typed(f"{where}.{k}", x, RENT_KEYS[k]) for k, x in data.items()}
+    if "market" in out:
+        v.choice(f"{where}.market", out["market"], ("on-demand", "spot"), err=PlanError)
+    return out
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageEstimate:
@@ -54,11 +122,7 @@ class StageEstimate:
 
     @classmethod
     def from_dict(cls, data: Any) -> StageEstimate:
-        data = dict(v.mapping("estimate.stages[]", data, err=PlanError))
-        v.known_keys("estimate.stages[]", data, [f.name for f in fields(cls)],
-                     [f.name for f in fields(cls)], err=PlanError)
-        data["layers"] = tuple(data["layers"])
-        return cls(**data)
+        return cls(**_checked("estimate.stages[]", cls, data))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,10 +155,7 @@ class SpotEstimate:
 
     @classmethod
     def from_dict(cls, data: Any) -> SpotEstimate:
-        data = dict(v.mapping("estimate.spot", data, err=PlanError))
-        names = [f.name for f in fields(cls)]
-        v.known_keys("estimate.spot", data, names, names, err=PlanError)
-        return cls(**data)
+        return cls(**_checked("estimate.spot", cls, data))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,15 +233,20 @@ class Estimate:
 
     @classmethod
     def from_dict(cls, data: Any) -> Estimate:
-        data = dict(v.mapping("estimate", data, err=PlanError))
-        names = [f.name for f in fields(cls)]
         optional = ("instances", "idle_gpus", "transfer_gb", "transfer_usd", "rent", "spot")
-        v.known_keys("estimate", data, names, [n for n in names if n not in optional],
-                     err=PlanError)
+        data = _checked("estimate", cls, data, optional, special=("stages", "rent", "spot"))
+        for key in ("stages", "rent"):
+            if not isinstance(data.get(key, []), list):
+                msg = f"estimate.{key}: expected a list, got {data[key]!r}"
+                raise PlanError(msg)
         data["stages"] = tuple(StageEstimate.from_dict(s) for s in data["stages"])
-        data["rent"] = tuple(dict(r) for r in data.get("rent", ()))
+        data["rent"] = tuple(_rent_entry(f"estimate.rent[{i}]", r)
+                             for i, r in enumerate(data.get("rent", [])))
         if data.get("spot") is not None:
             data["spot"] = SpotEstimate.from_dict(data["spot"])
-        for key in ("stage_time_s", "stage_memory_gb", "reasons"):
-            data[key] = tuple(data[key])
-        return cls(**data)
+        est = cls(**data)
+        if not 0 <= est.bottleneck_stage < max(1, len(est.stages)):
+            msg = (f"estimate.bottleneck_stage: expected a stage index below "
+                   f"{len(est.stages)}, got {est.bottleneck_stage}")
+            raise PlanError(msg)
+        return est

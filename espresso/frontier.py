@@ -25,6 +25,7 @@ from .catalog import Catalog
 from .errors import SpecError
 from .job import Job
 from .plan import Plan
+from .progress import SearchProgress
 from .search import search
 
 SHRINK = 1e-9
@@ -60,12 +61,18 @@ class Frontier:
     """Every step was searched to the end (the last search proved that nothing is faster)
     within ``max_points`` and the time limit."""
     seconds: float = 0.0
+    interrupted: bool = False
+    """:meth:`SearchProgress.cancel` (Ctrl-C) stopped it: the points so far."""
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON data (schema ``espresso.frontier/1``, docs/search.md)."""
-        return {"schema": "espresso.frontier/1", "complete": self.complete,
-                "seconds": self.seconds,
-                "points": [{"hours": p.hours,
+    def to_dict(self, *, timings: bool = False) -> dict[str, Any]:
+        """JSON data (schema ``espresso.frontier/1``, docs/search.md). ``seconds`` only with
+        ``timings=True``, so the same frontier always serialises to the same bytes."""
+        out: dict[str, Any] = {"schema": "espresso.frontier/1", "complete": self.complete}
+        if self.interrupted:
+            out["interrupted"] = True
+        if timings:
+            out["seconds"] = self.seconds
+        return {**out, "points": [{"hours": p.hours,
                             "up_to_hours": None if p.up_to == math.inf else p.up_to,
                             "total_usd": p.usd, "proven": p.proven, "plan": p.plan.to_dict()}
                            for p in self.points]}
@@ -87,12 +94,15 @@ class Frontier:
 
 
 def frontier(job: Job, catalog: Catalog | None = None, *, max_points: int = 50,
-             time_limit_s: float | None = 300.0, **space: Any) -> Frontier:
+             time_limit_s: float | None = 300.0, progress: SearchProgress | None = None,
+             **space: Any) -> Frontier:
     """The cost–deadline frontier of ``job`` (its deadline is ignored) over ``catalog``.
 
     ``max_points`` caps the number of steps; ``time_limit_s`` bounds the whole call (each
-    search gets what is left); other keywords are :func:`espresso.search`'s (the default
-    refinement that interleaves plans after the search is off: every point is proven).
+    search gets what is left); ``progress`` shows each search and can cancel the call, which
+    then returns the points found so far (``interrupted``); other keywords are
+    :func:`espresso.search`'s (the default refinement that interleaves plans after the
+    search is off: every point is proven).
     """
     max_points = v.integer("max_points", max_points, minimum=1, maximum=10_000)
     if "objective" in space or "budget_usd" in space or "top_k" in space:
@@ -110,7 +120,11 @@ def frontier(job: Job, catalog: Catalog | None = None, *, max_points: int = 50,
         if left is not None and left <= 0:
             complete = False
             break
-        res = search(replace(job, deadline_hours=deadline), catalog, time_limit_s=left, **space)
+        if progress is not None and progress.cancelled:
+            complete = False
+            break
+        res = search(replace(job, deadline_hours=deadline), catalog, time_limit_s=left,
+                     progress=progress, phase=f"frontier point {len(points) + 1}", **space)
         if not res.plans:
             complete = complete and res.stats.complete
             break
@@ -125,4 +139,5 @@ def frontier(job: Job, catalog: Catalog | None = None, *, max_points: int = 50,
         deadline = hours * (1 - SHRINK)
     else:
         complete = False  # max_points reached: faster plans may remain
-    return Frontier(points=points, complete=complete, seconds=time.monotonic() - start)
+    return Frontier(points=points, complete=complete, seconds=time.monotonic() - start,
+                    interrupted=progress is not None and progress.cancelled)

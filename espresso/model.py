@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import dataclass, fields
 from functools import cache
 from importlib import resources
@@ -189,8 +189,8 @@ class ModelSpec:
         path = Path(path)
         text = _io.read_text("model", path, err=ModelError)
         try:
-            cfg = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
+            cfg = _io.loads_json(text)
+        except (ValueError, RecursionError) as exc:
             msg = f"model: {path}: cannot read as a config.json (not valid JSON: {exc})"
             raise ModelError(msg) from None
         if not isinstance(cfg, dict):
@@ -208,9 +208,9 @@ class ModelSpec:
         if ref_s in _preset_table():
             return cls.preset(ref_s)
         path = Path(ref_s)
-        if path.is_dir() and (path / "config.json").exists():
+        if os.path.isdir(path) and _io.exists(path / "config.json"):
             path = path / "config.json"
-        if path.is_file():
+        if _io.exists(path):  # not a regular file (a FIFO, say): the reader refuses it
             if path.suffix in (".yaml", ".yml"):
                 data = v.load_yaml("model", path, err=ModelError)
                 return cls.from_dict(data, name=path.stem)
@@ -218,9 +218,9 @@ class ModelSpec:
             if isinstance(data, dict) and "hidden_size" in data and "num_layers" in data:
                 return cls.from_dict(data, name=path.stem)
             return cls.from_hf_config(path)
-        hint = v.suggest(ref_s, _preset_table())
+        hint = v.suggest(ref_s, _preset_table()) if len(ref_s) < 200 else ""
         msg = (
-            f"model: {ref_s!r} is neither a preset{hint} nor an existing file; "
+            f"model: {_io.shown_path(ref_s)!r} is neither a preset{hint} nor an existing file; "
             f"presets: {', '.join(_preset_table())}"
         )
         raise ModelError(msg)

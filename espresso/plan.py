@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ MAX_MICROBATCHES = 1 << 20
 _PLAN_KEYS = ("schema", "job", "dp", "micro_batch_size", "num_microbatches", "schedule",
               "recompute", "sharding", "sequence_parallel", "virtual_stages", "stages", "gpus",
               "estimate",
-              "cost_model", "profiles", "stats", "domain")
+              "cost_model", "profiles", "stats", "domain", "proof")
 _OFFER_KEYS = ("provider", "region", "instance_type")
 
 
@@ -118,6 +119,22 @@ class Stage:
                 off["market"] = "spot"
             out["offer"] = off
         return out
+
+
+def _proof_stats(proof: Any) -> dict[str, Any] | None:
+    """The ``proof`` block of an unproven plan as the statistics it came from."""
+    if proof is None:
+        return None
+    proof = v.mapping("plan.proof", proof, err=PlanError)
+    v.known_keys("plan.proof", proof, ("proven", "gap", "stopped_by"), ("proven",),
+                 err=PlanError)
+    if v.boolean("plan.proof.proven", proof["proven"], err=PlanError):
+        return None
+    gap = proof.get("gap")
+    gap = None if gap is None else v.number("plan.proof.gap", gap, minimum=0.0, err=PlanError)
+    stopped = v.choice("plan.proof.stopped_by", proof.get("stopped_by", "time limit"),
+                       ("time limit", "interrupt"), err=PlanError)
+    return {"complete": False, "gap": gap, "interrupted": stopped == "interrupt"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -318,13 +335,15 @@ class Plan:
                 raise PlanError(msg)
             m = job.global_batch_size // (dp_i * mbs_i)
         cost = CostParams.from_dict(data["cost_model"]) if "cost_model" in data else CostParams()
-        est = Estimate.from_dict(data["estimate"]) if data.get("estimate") else None
+        est = Estimate.from_dict(data["estimate"]) if data.get("estimate") is not None else None
+        stats = (dict(v.mapping("plan.stats", data["stats"], err=PlanError))
+                 if data.get("stats") is not None else _proof_stats(data.get("proof")))
         plan = cls(job=job, stages=stages, dp=dp, micro_batch_size=mbs, num_microbatches=m,
                    schedule=data.get("schedule", "1f1b"), recompute=data.get("recompute", "none"),
                    sharding=data.get("sharding", "none"),
                    sequence_parallel=data.get("sequence_parallel", False),
                    virtual_stages=data.get("virtual_stages", 1), cost_model=cost,
-                   estimate=est, stats=data.get("stats"),
+                   estimate=est, stats=stats,
                    profiles=data.get("profiles") or {}, domain=data.get("domain"))
         if "gpus" in data:
             given = v.mapping("plan.gpus", data["gpus"], err=PlanError)
@@ -368,6 +387,14 @@ class Plan:
             out["estimate"] = self.estimate.to_dict()
         if stats and self.stats is not None:
             out["stats"] = self.stats
+        elif self.stats is not None and self.stats.get("complete") is False:
+            # An unproven plan says so even without its statistics (docs/plan-format.md).
+            gap = self.stats.get("gap")
+            out["proof"] = {"proven": False,
+                            "gap": gap if isinstance(gap, float) and math.isfinite(gap)
+                            else None,
+                            "stopped_by": "interrupt" if self.stats.get("interrupted")
+                            else "time limit"}
         return out
 
     def to_json(self, path: str | Path | None = None, *, indent: int = 2,
@@ -385,10 +412,10 @@ class Plan:
         where = "plan"
         if not text.lstrip().startswith("{"):
             text = _io.read_text("plan", source, err=PlanError)
-            where = f"plan: {source}"
+            where = f"plan: {_io.shown_path(source)}"
         try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
+            data = _io.loads_json(text)
+        except (ValueError, RecursionError) as exc:
             msg = f"{where}: not valid JSON ({exc})"
             raise PlanError(msg) from None
         return cls.from_dict(data)

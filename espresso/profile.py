@@ -212,6 +212,8 @@ def as_profiles(profiles: Any) -> dict[str, Profile]:
 def apply_profiles(specs: list[Any], names: list[str], catalog: Any, model: Any,
                    cost: CostParams, profiles: Mapping[str, Profile]) -> None:
     """Set the profile factors on the core GpuSpecs (``specs[i]`` is type ``names[i]``)."""
+    if not profiles:
+        return
     models = {g.model for g in catalog}
     for gpu in profiles:
         if gpu not in models:

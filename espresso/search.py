@@ -83,6 +83,9 @@ class SearchStats:
     same offers as one searched (its plans are theirs)."""
     domain: str | None = None
     """The winning plan's domain and vendor."""
+    interrupted: bool = False
+    """:meth:`SearchProgress.cancel` (Ctrl-C in the CLI) stopped the search before it
+    finished: its plans are the best found so far."""
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -100,9 +103,17 @@ class SearchResult:
     stats: SearchStats
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the OS tells it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def _threads(threads: int | None) -> int:
     if threads is None:
-        return max(1, os.cpu_count() or 1)
+        return usable_cores()
     return v.integer("threads", threads, minimum=1, maximum=1024)
 
 
@@ -399,7 +410,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                           "leaves_placed", "placer_nodes", "placer_leaves", "dives", "combos")}
     peak = 0
     searched: set[int] = set()
-    threads_used = opts.threads
+    threads_used = 0  # the most threads any search ran on (fewer if some could not start)
     lock = threading.Lock()
     # Subproblems searched side by side share their best plan's objective (top_k = 1).
     shared = core.SharedIncumbent() if top_k == 1 else None
@@ -439,7 +450,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
             for k in agg:
                 agg[k] += getattr(st, k)
             peak = max(peak, st.frontier_peak)
-            threads_used = max(threads_used, st.threads) if threads_each > 1 else opts.threads
+            threads_used = max(threads_used, st.threads)
             for p in res.plans:
                 used = [rows[s_.gpu] for s_ in p.stages]
                 if sp.spans and locations_of(used, sp.spans) == 1:
@@ -510,12 +521,20 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                 if opts.monitor is not None:
                     opts.monitor.cancel()  # stop the other searches too
 
-        pool = [threading.Thread(target=worker, name=f"espresso-domain-{i}")
-                for i in range(workers)]
-        for t_ in pool:
-            t_.start()
+        # This thread is one worker. A thread the system cannot start (a memory or process
+        # limit) is done without: the others take its share of the queue.
+        pool: list[threading.Thread] = []
+        for i in range(workers - 1):
+            t_ = threading.Thread(target=worker, name=f"espresso-domain-{i}")
+            try:
+                t_.start()
+            except RuntimeError:
+                break
+            pool.append(t_)
+        worker()
         for t_ in pool:
             t_.join()
+        threads_used = len(pool) + 1
         if errors:
             raise errors[0]
     retry.sort()
@@ -542,11 +561,13 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                 "dominance": agg["pruned_dominance"]},
         leaves_placed=agg["leaves_placed"], placer_nodes=agg["placer_nodes"],
         placer_leaves=agg["placer_leaves"], frontier_peak=peak, dives=agg["dives"],
-        combos=agg["combos"], seconds=time.perf_counter() - started, threads=threads_used,
+        combos=agg["combos"], seconds=time.perf_counter() - started,
+        threads=threads_used or opts.threads,
         lower_bound=lower if found or not complete else math.inf, gap=max(0.0, gap),
         complete=complete, timed_out=timed_out,
         objective="cost" if by_cost else "time", subproblems=total_subproblems,
-        subproblems_searched=len(searched), domain=found[0][2].label if found else None)
+        subproblems_searched=len(searched), domain=found[0][2].label if found else None,
+        interrupted=not complete and progress is not None and progress.cancelled)
     show_domain = catalog.has_offers or len(prepared) > 1
     plans = [_to_plan(p, job, catalog, rows, cost, {**stats.to_dict(), "rank": i + 1}, profs,
                       sp.domain(scope) if show_domain or sp.spans else None)

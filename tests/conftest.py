@@ -3,6 +3,8 @@ hand calculations in the tests stay readable."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import settings
 
@@ -13,6 +15,11 @@ import espresso as es
 settings.register_profile("ci", max_examples=25, deadline=None, print_blob=True)
 settings.register_profile("long", max_examples=2000, deadline=None, print_blob=True)
 settings.load_profile("ci")
+
+# The CLI's last net turns an unexpected exception into one line (exit 3); the tests want
+# the exception itself, so a bug fails the test that met it (commands run as subprocesses
+# inherit this too).
+os.environ.setdefault("ESPRESSO_DEBUG", "1")
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <tuple>
 
@@ -163,14 +164,21 @@ public:
             if (std::isfinite(root.lb)) push(std::move(root));
         }
         const std::int64_t nthreads = std::max<std::int64_t>(1, opt_.threads);
-        stats_.threads = nthreads;
-        if (nthreads == 1) {
-            worker();
-        } else {
-            std::vector<std::thread> pool;
-            for (std::int64_t i = 0; i < nthreads; ++i) pool.emplace_back([this] { worker(); });
-            for (auto& th : pool) th.join();
+        // This thread is one worker; the others are started here. When the system cannot
+        // start one (a memory or process limit), the search goes on with those it has:
+        // stats_.threads says how many ran.
+        std::vector<std::thread> pool;
+        pool.reserve(static_cast<std::size_t>(nthreads - 1));
+        for (std::int64_t i = 1; i < nthreads; ++i) {
+            try {
+                pool.emplace_back([this] { worker(); });
+            } catch (const std::system_error&) {
+                break;
+            }
         }
+        stats_.threads = static_cast<std::int64_t>(pool.size()) + 1;
+        worker();
+        for (auto& th : pool) th.join();
         SearchResult out;
         out.plans = best_;
         stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();

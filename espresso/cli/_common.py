@@ -19,10 +19,14 @@ from ..cost import CostParams
 from ..errors import CatalogError, ProfileError, SpecError
 from ..profile import Profile
 from ..progress import SearchProgress, TimeBudget
+from ..search import usable_cores
 
 EXIT_OK = 0
 EXIT_INFEASIBLE = 1
 EXIT_USAGE = 2
+EXIT_FAILED = 3
+"""The command could not finish: its output could not be written, memory ran out, or an
+internal error (one line on stderr)."""
 EXIT_INTERRUPTED = 130
 
 T = TypeVar("T")
@@ -151,9 +155,34 @@ def write_json(what: str, path: str, data: Any) -> None:
         _io.write_text(what, path, text)
 
 
+def threads_arg(con: Console, threads: int | None) -> int | None:
+    """``--threads``: at least 1; more than this machine's cores is capped with a note (a
+    search thread per core is the most that helps; beyond, threads only contend)."""
+    if threads is None:
+        return None
+    if threads < 1:
+        msg = f"--threads: expected a count >= 1, got {threads}"
+        raise SpecError(msg)
+    cores = usable_cores()
+    if threads > cores:
+        con.print(f"[dim]Note: --threads {threads} is more than the {cores} cores this process "
+                  f"may use; searching with {cores}.[/]")
+        return cores
+    return threads
+
+
+def note_threads(con: Console, asked: int | None, stats: Any) -> None:
+    """Say so when the system could not start every search thread asked for."""
+    wanted = asked or usable_cores()
+    if 0 < stats.threads < wanted:
+        con.print(f"[dim]Note: the system started only {stats.threads} of {wanted} search "
+                  "threads (a memory or process limit); the search ran on those.[/]")
+
+
 def check_output(what: str, path: str | None) -> None:
-    """Refuse an output path that cannot be written before doing the work."""
-    if path and path != "-":
+    """Refuse an output path that cannot be written (an empty one included) before doing
+    the work; ``-`` is standard output."""
+    if path is not None and path != "-":
         _io.check_writable(what, path)
 
 
@@ -174,28 +203,36 @@ def run_with_progress(con: Console, label: str, fn: Callable[[], T],
                       budget: TimeBudget | None = None) -> T:
     """Run ``fn()`` in a worker thread; after one second show a status line with the elapsed
     time, the limit, and (given ``progress``) the best plan so far and its proven gap.
-    Ctrl-C cancels the search, which then returns what it has."""
+
+    Ctrl-C with a ``progress`` cancels the search, which then returns the best it found:
+    ``fn()``'s result comes back and ``progress.cancelled`` tells the caller to print and
+    write it as unproven and exit 130. A second Ctrl-C (or one without ``progress``) raises
+    KeyboardInterrupt at once."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         fut = pool.submit(fn)
         try:
-            return fut.result(timeout=1.0)
-        except concurrent.futures.TimeoutError:
-            pass
+            return _wait(con, label, fut, progress, budget)
         except KeyboardInterrupt:
-            if progress is not None:
-                progress.cancel()
-            raise
-        start = time.monotonic() - 1.0
-        limit = (f" of {budget.limit_s:g} s" if budget is not None and budget.limit_s
-                 else "")
-        with con.status(label) as status:
-            while True:
-                try:
-                    return fut.result(timeout=0.2)
-                except concurrent.futures.TimeoutError:
-                    text = _describe(progress.snapshot()) if progress is not None else label
-                    status.update(f"{text} ({time.monotonic() - start:.0f} s{limit})")
-                except KeyboardInterrupt:
-                    if progress is not None:
-                        progress.cancel()
-                    raise
+            if progress is None or progress.cancelled:
+                raise
+            progress.cancel()
+        con.print("[yellow]Interrupted:[/] stopping with the best plan found so far "
+                  "(Ctrl-C again to quit at once)")
+        return _wait(con, "Stopping", fut, progress, budget)
+
+
+def _wait(con: Console, label: str, fut: concurrent.futures.Future[T],
+          progress: SearchProgress | None, budget: TimeBudget | None) -> T:
+    try:
+        return fut.result(timeout=1.0)
+    except concurrent.futures.TimeoutError:
+        pass
+    start = time.monotonic() - 1.0
+    limit = (f" of {budget.limit_s:g} s" if budget is not None and budget.limit_s else "")
+    with con.status(label) as status:
+        while True:
+            try:
+                return fut.result(timeout=0.2)
+            except concurrent.futures.TimeoutError:
+                text = _describe(progress.snapshot()) if progress is not None else label
+                status.update(f"{text} ({time.monotonic() - start:.0f} s{limit})")

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
 
-from .. import _io
-from ..errors import JobError
 from ..frontier import frontier
-from ..progress import DEFAULT_TIME_LIMIT_S
+from ..progress import DEFAULT_TIME_LIMIT_S, SearchProgress
 from ..units import format_hours as _hours
 from . import _common as c
 from .planning import _cost_model, add_checkpoint_arg, add_job_args, job_from_args
@@ -24,14 +21,19 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     catalog = c.load_available(args)
     args.deadline = args.deadline or "1e9"  # the frontier sets every deadline itself
     job = job_from_args(args)
-    con = c.console()
-    with con.status("Searching the frontier (each step is one exact search)..."):
-        f = frontier(job, catalog, max_points=args.max_points, time_limit_s=args.time_limit,
-                     threads=args.threads, cost_model=_cost_model(args))
+    con = c.console(stderr=args.json == "-")  # `--json -`: the frontier alone on stdout
+    progress = SearchProgress()
+    f = c.run_with_progress(
+        con, "Searching the frontier (each step is one exact search)",
+        lambda: frontier(job, catalog, max_points=args.max_points, time_limit_s=args.time_limit,
+                         threads=c.threads_arg(con, args.threads), cost_model=_cost_model(args),
+                         progress=progress), progress)
     if args.json:  # before anything else can fail
-        _io.write_text("--json", args.json, json.dumps(f.to_dict(), indent=2) + "\n",
-                       err=JobError)
+        c.write_json("--json", args.json, f.to_dict(timings=args.stats))
     if not f.points:
+        if f.interrupted:
+            con.print("Interrupted before the first point was found.")
+            return c.EXIT_INTERRUPTED
         con.print("[red]No plan:[/] nothing fits this job in the catalog, whatever the "
                   "deadline.")
         return c.EXIT_INFEASIBLE
@@ -49,11 +51,13 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     con.print(table)
     con.print(f"{len(f.points)} points in {f.seconds:.1f} s; "
               + ("complete: no plan is faster than the last" if f.complete else
+                 "[yellow]interrupted[/] (Ctrl-C): the points found so far (faster plans may "
+                 "remain)" if f.interrupted else
                  "[yellow]incomplete[/]: the time limit or --max-points stopped it "
                  "(faster plans may remain)"))
-    if args.json:
+    if args.json and args.json != "-":
         con.print(f"Wrote the frontier to {escape(args.json)}")
-    return c.EXIT_OK
+    return c.EXIT_INTERRUPTED if f.interrupted else c.EXIT_OK
 
 
 def register(sub: Any) -> None:
@@ -71,7 +75,11 @@ def register(sub: Any) -> None:
                    help=f"wall-clock limit of the whole command (default "
                         f"{5 * DEFAULT_TIME_LIMIT_S:g} s)")
     p.add_argument("--threads", type=int, help="search threads (default: all cores)")
-    p.add_argument("--json", metavar="OUT", help="write the frontier (every plan) to OUT")
+    p.add_argument("--json", metavar="OUT",
+                   help="write the frontier (every plan) to OUT ('-': stdout)")
+    p.add_argument("--stats", action="store_true",
+                   help="with --json: also write the seconds taken (the file then differs from "
+                        "run to run)")
     c.add_cost_model_arg(p, "instead of the defaults")
     add_checkpoint_arg(p)
     p.set_defaults(func=cmd_frontier, deadline=None)

@@ -202,10 +202,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     budget = TimeBudget(args.time_limit)
     catalog = c.load_available(args)
     job = job_from_args(args)
-    con = c.console()
+    con = c.console(stderr=args.json == "-")  # `--json -`: the plan alone on stdout
     objective = "time" if args.budget is not None else "cost"
-    space: dict[str, Any] = dict(threads=args.threads, max_stages=_depth_arg(args.max_stages),
-                                 max_tp=args.max_tp, profiles=c.load_profiles(args.profile),
+    space: dict[str, Any] = dict(threads=c.threads_arg(con, args.threads),
+                                 max_stages=_depth_arg(args.max_stages), max_tp=args.max_tp,
+                                 profiles=c.load_profiles(args.profile),
                                  cost_model=_cost_model(args),
                                  scope=args.scope, sharding=args.sharding,
                                  recompute=args.recompute, virtual_stages=args.virtual_stages,
@@ -222,28 +223,34 @@ def cmd_plan(args: argparse.Namespace) -> int:
                       progress=progress, phase="searching", **kwargs)
 
     result = c.run_with_progress(con, "Searching", main_search, progress, budget)
+    c.note_threads(con, space["threads"], result.stats)
     if not result.plans:
+        if progress.cancelled:
+            con.print("Interrupted before any plan was found.")
+            return c.EXIT_INTERRUPTED
         exc: InfeasibleError = c.run_with_progress(
             con, "Explaining", lambda: explain_infeasible(
                 job, catalog, result, budget, progress, **kwargs), progress, budget)
         con.print(f"[red]No plan:[/] {escape(str(exc))}")
         if exc.fastest is not None and args.json:
-            exc.fastest.to_json(args.json, stats=args.stats)
+            _write_plan(exc.fastest, args)
             con.print(f"Wrote the fastest plan to {escape(args.json)}")
-        return c.EXIT_INFEASIBLE
+        return c.EXIT_INTERRUPTED if progress.cancelled else c.EXIT_INFEASIBLE
     best = result.plans[0]
     if args.json:  # before anything else can fail or take time
-        best.to_json(args.json, stats=args.stats)
+        _write_plan(best, args)
     comparison = on_demand = None
-    if args.compare and spot:
+    if args.compare and spot and not progress.cancelled:
         on_demand = c.run_with_progress(
             con, "Comparing with on-demand plans",
             lambda: _compare_on_demand(job, catalog, best, budget, 0.5, progress, kwargs),
             progress, budget)
-    if args.compare:
+    if args.compare and not progress.cancelled:
         comparison = c.run_with_progress(
             con, "Comparing with single-type plans",
             lambda: _compare(job, catalog, best, budget, progress, kwargs), progress, budget)
+    if progress.cancelled:  # a comparison cut short compares with nothing proven
+        comparison = on_demand = None
     print_plan(best, con, comparison, *([on_demand] if on_demand is not None else []))
     for note in catalog.notes:
         con.print(f"[dim]Catalog: {escape(note)}[/]")
@@ -253,11 +260,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
             con.print(f"Only {len(result.plans)} plan{'s' if len(result.plans) > 1 else ''} "
                       f"meet{'s' if len(result.plans) == 1 else ''} the job "
                       f"(--top-k {args.top_k}).")
-    if args.json:
+    if args.json and args.json != "-":
         con.print(f"Wrote the plan to {escape(args.json)}"
                   + (" (with search statistics)" if args.stats else ""))
     _write_plot(con, best, args.plot)
+    if progress.cancelled:
+        con.print("[yellow]Interrupted[/] after the search "
+                  + ("had proven this plan optimal." if result.stats.complete else
+                     "found this plan: the best so far, not proven optimal"
+                     + (" (so marked in the JSON)." if args.json else ".")))
+        return c.EXIT_INTERRUPTED
     return c.EXIT_OK
+
+
+def _write_plan(plan: Plan, args: argparse.Namespace) -> None:
+    """``--json OUT`` (``-``: standard output)."""
+    if args.json == "-":
+        sys.stdout.write(plan.to_json(stats=args.stats))
+    else:
+        plan.to_json(args.json, stats=args.stats)
 
 
 def register(sub: Any) -> None:

@@ -203,9 +203,12 @@ def proof_words(stats: dict[str, object] | SearchStats | None) -> str:
                 f"${inter['total_usd_without']:,.2f}, {_hours(inter['total_hours_without'])}")
     if gap == 0.0:
         return "proven optimal within the cost model (gap 0)"
+    stopped = (stats.interrupted if isinstance(stats, SearchStats)
+               else stats.get("interrupted"))
+    why = "interrupted (Ctrl-C)" if stopped else "the time limit stopped the search"
     if isinstance(gap, float) and math.isfinite(gap):
-        return f"not proven: gap {gap:.2%} (the time limit stopped the search)"
-    return "not proven: no lower bound (the time limit stopped the search)"
+        return f"not proven: gap {gap:.2%} ({why})"
+    return f"not proven: no lower bound ({why})"
 
 
 def _compare_line(plan: Plan, comparison: Comparison, console: Console) -> None:
