@@ -5,6 +5,7 @@ Run: python bench/hostile_cli.py [--jobs N] [--only SUBSTRING] [--show]
 Every case runs ``espresso`` in a fresh process under a wall-clock limit and is classed as
 
 * ``traceback`` (Python's ``Traceback`` or ``Exception ignored`` in the output),
+* ``internal`` (the CLI's last net turned an unforeseen exception into one line: a bug),
 * ``abort`` (killed by a signal, or exit 134/139),
 * ``block`` (still running at the limit),
 * ``overrun`` (a ``--time-limit`` case that took more than its limit plus a margin),
@@ -201,6 +202,8 @@ def cases(fx: dict[str, str], ox: dict[str, str], good: dict[str, str]) -> list[
                 "export", "bench"))
             must_fail = k not in (("dir", "nofolder", "dangling") if folder
                                   else ("link", "dangling"))
+            if k == "ro" and os.geteuid() == 0:
+                must_fail = False  # root writes in a read-only folder
             keep = [target] if k in ("full", "null", "fifo", "sock", "link", "dangling",
                                      "link-null", "dir") else []
             out.append(Case([*base, target], bad=must_fail, keep=keep))
@@ -233,9 +236,7 @@ def cases(fx: dict[str, str], ox: dict[str, str], good: dict[str, str]) -> list[
             if flag == "--time-limit":
                 args = [a for a in args if a not in ("--time-limit", "5")]
             out.append(Case([*args, f"{flag}={val}" if val.startswith("-") else flag, *(
-                [] if val.startswith("-") else [val])], bad=val not in ("1.5",) or flag in (
-                    "--seq-len", "--global-batch", "--iterations", "--threads", "--top-k",
-                    "--max-tp", "--max-instances")))
+                [] if val.startswith("-") else [val])], bad=_bad_value(flag, val)))
     for val in ("-1", "0", "70000", "abc", ""):
         out.append(Case(["launch", plan, "--hosts", hosts, f"--port={val}"], bad=True))
         out.append(Case(["export", "skypilot", plan, "--out", "/tmp/espresso-hostile-sky2",
@@ -254,7 +255,6 @@ def cases(fx: dict[str, str], ox: dict[str, str], good: dict[str, str]) -> list[
             ["export", "skypilot", plan, "--out", "/tmp/espresso-hostile-sky3",
              "--catalog", "/nonexistent.yaml"],
             ["plan", *small, "--json", ""],
-            ["plan", *small, "--threads", "100000"],
             ["profile", "--model", "gpt3-1.3b", "--gpu", "A100-80GB", "--out",
              "/tmp/espresso-hostile-p.json", "--micro-batch", "0"],
             ["profile", "--model", "gpt3-1.3b", "--gpu", "A100-80GB", "--out",
@@ -282,6 +282,18 @@ def cases(fx: dict[str, str], ox: dict[str, str], good: dict[str, str]) -> list[
                                  "--deadline", "7d", "--catalog", big, "--spot",
                                  "--time-limit", t, "--threads", thr], time_limit=float(t)))
     return out
+
+
+ZERO_OK = ("--spot-rate", "--spot-recovery", "--checkpoint-gbs", "--max-instances")
+WHOLE = ("--seq-len", "--global-batch", "--tokens", "--iterations", "--threads", "--top-k",
+         "--max-tp", "--max-instances", "--max-stages", "--virtual-stages", "--interleave-after")
+
+
+def _bad_value(flag: str, val: str) -> bool:
+    """Whether ``flag`` must refuse ``val`` (other values may be refused or taken)."""
+    if val in ("-1", "-1d", "nan", "", "abc", "1,,2", "0x10", "-inf"):
+        return True
+    return (val == "0" and flag not in ZERO_OK) or (val == "1.5" and flag in WHOLE)
 
 
 def run(case: Case, cwd: Path) -> tuple[str, str]:
@@ -320,6 +332,8 @@ def run(case: Case, cwd: Path) -> tuple[str, str]:
     took = time.monotonic() - start
     if "Traceback (most recent call last)" in text or "Exception ignored" in text:
         return "traceback", text[-1500:]
+    if "error: internal error" in text:  # the CLI's last net caught an unforeseen exception
+        return "internal", text[-800:]
     if rc < 0 or rc in (134, 139):
         return "abort", f"rc {rc}: {text[-500:]}"
     if case.time_limit is not None and took > case.time_limit + 1.0:

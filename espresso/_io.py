@@ -81,8 +81,9 @@ MAX_INPUT_BYTES = 8 * 1024 * 1024
 file cannot hold a command for more than seconds."""
 
 
-def read_bytes(what: str, path: str | Path, *, err: type[Exception] = FileError) -> bytes:
-    """The bytes of the regular file ``path`` (at most :data:`MAX_INPUT_BYTES`).
+def read_bytes(what: str, path: str | Path, *, err: type[Exception] = FileError,
+               max_bytes: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of the regular file ``path`` (at most ``max_bytes``).
 
     Anything else is refused before a byte is read: a FIFO or a terminal would block, a
     device like ``/dev/zero`` never ends. The file is opened without blocking and checked
@@ -99,16 +100,16 @@ def read_bytes(what: str, path: str | Path, *, err: type[Exception] = FileError)
             if stat.S_ISDIR(st.st_mode):
                 msg = f"{what}: {shown_path(path)}: is a directory, expected a file"
             raise err(msg)
-        if st.st_size > MAX_INPUT_BYTES:
+        if st.st_size > max_bytes:
             msg = (f"{what}: {shown_path(path)}: {st.st_size:,} bytes is too large "
-                   f"(at most {MAX_INPUT_BYTES:,})")
+                   f"(at most {max_bytes:,})")
             raise err(msg)
         chunks = []
         size = 0
         while chunk := os.read(fd, 1 << 20):
             size += len(chunk)
-            if size > MAX_INPUT_BYTES:  # grew while being read
-                msg = f"{what}: {shown_path(path)}: more than {MAX_INPUT_BYTES:,} bytes"
+            if size > max_bytes:  # grew while being read
+                msg = f"{what}: {shown_path(path)}: more than {max_bytes:,} bytes"
                 raise err(msg)
             chunks.append(chunk)
         return b"".join(chunks)
@@ -120,9 +121,10 @@ def read_bytes(what: str, path: str | Path, *, err: type[Exception] = FileError)
         os.close(fd)
 
 
-def read_text(what: str, path: str | Path, *, err: type[Exception] = FileError) -> str:
+def read_text(what: str, path: str | Path, *, err: type[Exception] = FileError,
+              max_bytes: int = MAX_INPUT_BYTES) -> str:
     """The UTF-8 text of ``path``; errors name ``what`` (e.g. ``catalog``) and the file."""
-    data = read_bytes(what, path, err=err)
+    data = read_bytes(what, path, err=err, max_bytes=max_bytes)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -266,6 +266,10 @@ def assign_hosts(plan: Plan, hosts: list[Host]) -> list[NodeAssignment]:
     return out
 
 
+MAX_PORT = 65534
+"""The highest process-group port: torchrun's rendezvous takes the next one."""
+
+
 def torchrun_commands(plan_path: str, plan: Plan, hosts: list[Host], script: str, *,
                       master_port: int = 29500, script_args: str = "") -> list[str]:
     """The command to run on each node. Every process reads the plan and its rank from the
@@ -285,7 +289,10 @@ def node_command(plan_path: str, n: NodeAssignment, *, nnodes: int, world: int, 
                  master_port: int, script: str, script_args: str = "") -> str:
     """One node's torchrun command: its ranks from the ``ESPRESSO_*`` environment, the
     process group at ``master`` (an address, or a shell expression such as
-    ``"$MASTER_ADDR"``)."""
+    ``"$MASTER_ADDR"``). ``master_port`` and the port after it (torchrun's rendezvous) must
+    be valid TCP ports."""
+    master_port = v.integer("master_port", master_port, minimum=1, maximum=MAX_PORT,
+                            err=LaunchError)
     env = (f"ESPRESSO_PLAN={shlex.quote(plan_path)} ESPRESSO_FIRST_RANK={n.first_rank} "
            f"ESPRESSO_WORLD_SIZE={world} ESPRESSO_DEVICE_OFFSET={n.device_offset} "
            f"MASTER_ADDR={master} MASTER_PORT={master_port}")

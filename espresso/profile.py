@@ -261,6 +261,27 @@ def _saved_bytes(torch: Any, fn: Callable[[], Any], params: set[int]) -> tuple[A
     return out, float(sum(seen.values()))
 
 
+def _torch_device(torch: Any, device: Any) -> Any:
+    """``device`` as a torch device this machine has (default: cuda when present, else cpu)."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        msg = f"device: {str(device)[:80]!r} is not a torch device; expected cpu, cuda or cuda:N"
+        raise ProfileError(msg) from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            msg = f"device: {str(device)!r}: no CUDA GPU is available on this machine"
+            raise ProfileError(msg)
+        if dev.index is not None and dev.index >= count:
+            msg = (f"device: {str(device)!r}: this machine has {count} CUDA GPU"
+                   f"{'s' if count > 1 else ''} (cuda:0 to cuda:{count - 1})")
+            raise ProfileError(msg)
+    return dev
+
+
 def profile_modules(block: Any, head: Any, loss_fn: Callable[[Any, Any], Any], *, gpu: str,
                     model: Any, micro_batch_size: int, seq_len: int, device: Any = None,
                     dtype: Any = None, warmup: int = 3, repeats: int = 10,
@@ -272,12 +293,19 @@ def profile_modules(block: Any, head: Any, loss_fn: Callable[[Any, Any], Any], *
     from ._optional import require
 
     torch = require("torch")
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _torch_device(torch, device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     repeats = v.integer("repeats", repeats, minimum=1, maximum=10_000, err=ProfileError)
     warmup = v.integer("warmup", warmup, minimum=0, maximum=10_000, err=ProfileError)
-    block = block.to(device=device, dtype=dtype)
-    head = head.to(device=device, dtype=dtype)
+    micro_batch_size = v.integer("micro_batch_size", micro_batch_size, minimum=1,
+                                 maximum=1 << 16, err=ProfileError)
+    seq_len = v.integer("seq_len", seq_len, minimum=1, maximum=1 << 20, err=ProfileError)
+    try:
+        block = block.to(device=device, dtype=dtype)
+        head = head.to(device=device, dtype=dtype)
+    except (RuntimeError, AssertionError, TypeError) as exc:  # torch's words for a bad device
+        msg = f"device: cannot use {str(device)!r} with {dtype}: {str(exc).splitlines()[0]}"
+        raise ProfileError(msg) from None
     b, s, h = micro_batch_size, seq_len, model.hidden_size
     gen = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(b, s, h, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
@@ -338,7 +366,7 @@ def profile_model(model: Any, *, gpu: str, micro_batch_size: int = 1, seq_len: i
     (:mod:`espresso.modules`): one block and the head."""
     from .modules import build_block, build_head, lm_loss
 
-    seq = seq_len or 2048
+    seq = 2048 if seq_len is None else seq_len
     return profile_modules(build_block(model), build_head(model), lm_loss(model), gpu=gpu,
                            model=model, micro_batch_size=micro_batch_size, seq_len=seq,
                            device=device, dtype=dtype, warmup=warmup, repeats=repeats,

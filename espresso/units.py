@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 
 from .errors import JobError
 
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+# A sign is read (and then refused by the range check, which says why in words).
+_DURATION = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 _HOURS_PER_UNIT = {
     "": 1.0,
     "s": 1 / 3600,
@@ -22,8 +24,8 @@ _HOURS_PER_UNIT = {
     "w": 168.0,
     "wk": 168.0,
 }
-_COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT]?)\s*$")
-_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+_COUNT = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT]?)\s*$")
+_SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
 
 
 def parse_hours(value: str | float | int, field: str = "deadline") -> float:
@@ -49,26 +51,42 @@ def parse_hours(value: str | float | int, field: str = "deadline") -> float:
     return hours
 
 
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}...({len(text):,} characters)"
+
+
 def parse_count(value: str | float | int, field: str = "tokens") -> int:
-    """A positive whole count from ``2e10``, ``20B``, ``500M``, ``1.5T`` or a number."""
+    """A positive whole count from ``2e10``, ``20B``, ``500M``, ``1.5T`` or a number; a
+    fraction (``1.5``, ``2.5e-1B``) is refused, not rounded."""
     if isinstance(value, bool):
         msg = f"{field}: expected a count such as 2e10 or '20B', got {value!r}"
         raise JobError(msg)
     if isinstance(value, (int, float)):
-        count = float(value)
+        if isinstance(value, float) and not math.isfinite(value):
+            msg = f"{field}: expected a count >= 1, got {value!r}"
+            raise JobError(msg)
+        count = Decimal(value)
     else:
         match = _COUNT.match(str(value))
         if not match:
             msg = f"{field}: expected a count such as 2e10, '20B', '500M' or '1.5T', got {value!r}"
             raise JobError(msg)
-        count = float(match.group(1)) * _SCALE[match.group(2).lower()]
-    if not math.isfinite(count) or count < 1:
+        # Decimal: '1.1B' is exactly 1,100,000,000 (as a float product it is not whole)
+        try:
+            count = Decimal(match.group(1)) * _SCALE[match.group(2).lower()]
+        except ArithmeticError:  # decimal.Overflow: an exponent beyond any count
+            count = Decimal(2**63)
+    if count < 1:
         msg = f"{field}: expected a count >= 1, got {value!r}"
         raise JobError(msg)
     if count > 2**62:
-        msg = f"{field}: {value!r} is too large (at most {2**62:.3g})"
+        msg = f"{field}: {_short(value)} is too large (at most {2**62:.3g})"
         raise JobError(msg)
-    return round(count)
+    if count != count.to_integral_value():
+        msg = f"{field}: expected a whole count, got {value!r} ({count:f})"
+        raise JobError(msg)
+    return int(count)
 
 
 def format_hours(hours: float) -> str:

@@ -8,13 +8,13 @@ redraws it from the raw table alone.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..errors import MissingExtraError
+from .. import _io
+from ..errors import MissingExtraError, SpecError
 from ..plan import Plan
 from .run import _order, curve_slug, read_rows
 
@@ -180,9 +180,17 @@ def summary_markdown(rows: list[Row], suite: dict[str, Any] | None = None,
 
 
 def _frontier_file(out: Path | None, row: Row) -> dict[str, Any] | None:
-    if out is None or not row.get("plan_file") or not (out / str(row["plan_file"])).exists():
+    if out is None or not row.get("plan_file") or not _io.exists(out / str(row["plan_file"])):
         return None
-    data: dict[str, Any] = json.loads((out / str(row["plan_file"])).read_text(encoding="utf-8"))
+    data = _io.load_yaml("bench", out / str(row["plan_file"]), err=SpecError)
+    points = data.get("points") if isinstance(data, dict) else None
+    if not isinstance(points, list) or not all(
+            isinstance(p, dict) and all(isinstance(p.get(k), (int, float))
+                                        and not isinstance(p.get(k), bool)
+                                        for k in ("hours", "total_usd")) for p in points):
+        msg = (f"bench: {out / str(row['plan_file'])}: not a frontier file (schema "
+               "espresso.frontier/1)")
+        raise SpecError(msg)
     return data
 
 
@@ -196,7 +204,7 @@ def draw(out: Path, rows: list[Row]) -> list[str]:
         groups.setdefault(curve_slug(r), []).append(r)
     fronts = {curve_slug(r): r for r in rows if r["planner"] == "frontier" and r.get("plan_file")}
     made: list[str] = []
-    (out / "plots").mkdir(exist_ok=True)
+    _io.make_dir("bench", out / "plots", err=SpecError)
     for old in [*(out / "plots").glob("cost-vs-deadline-*.png"),
                 *(out / "plots").glob("plan-cell-*.png")]:
         old.unlink()  # a redraw replaces the last one's plots
@@ -213,11 +221,11 @@ def draw(out: Path, rows: list[Row]) -> list[str]:
             f"{first['model']} on {first['catalog']} ({first['quota']}), {_length(first)}"))
         made.append(name)
         tight = sorted((r for r in rs if r["planner"] == "espresso" and r["found"]
-                        and r.get("plan_file") and (out / r["plan_file"]).exists()),
+                        and r.get("plan_file") and _io.exists(out / r["plan_file"])),
                        key=lambda r: float(r["deadline_hours"]))
         if tight:
             r = tight[0]
-            plan = Plan.from_dict(json.loads((out / r["plan_file"]).read_text("utf-8")))
+            plan = Plan.from_json(out / r["plan_file"])
             name = f"plots/plan-cell-{int(r['cell']):04d}.png"
             plot_plan(plan, out / name, title=(
                 f"Espresso's plan for {r['model']} in {float(r['deadline_hours']):,.1f} h "
@@ -229,7 +237,13 @@ def draw(out: Path, rows: list[Row]) -> list[str]:
 def load_results(out: Path) -> tuple[dict[str, Any], list[Row]]:
     """``suite.json`` and the rows of a results folder, in cell and planner order."""
     suite_path = out / "suite.json"
-    suite = json.loads(suite_path.read_text("utf-8")) if suite_path.exists() else {}
+    suite = (_io.load_yaml("bench", suite_path, err=SpecError) if _io.exists(suite_path)
+             else {})
+    baselines = suite.get("baselines", []) if isinstance(suite, dict) else None
+    if not isinstance(baselines, list) or not all(isinstance(b, str) for b in baselines):
+        msg = (f"bench: {suite_path}: expected the suite as a JSON object with a list of "
+               "baseline names")
+        raise SpecError(msg)
     order = _order(suite.get("baselines", ()))
     rows = sorted(read_rows(out), key=lambda r: (r["cell"], order.get(r["planner"], 99)))
     return suite, rows
@@ -249,5 +263,5 @@ def report(out: str | Path, *, plots: bool = True) -> tuple[Path, list[str], str
         except MissingExtraError as exc:
             why = str(exc)
     path = out / "summary.md"
-    path.write_text(summary_markdown(rows, suite, made, out), encoding="utf-8")
+    _io.write_text("bench", path, summary_markdown(rows, suite, made, out), err=SpecError)
     return path, made, why

@@ -16,21 +16,25 @@ The results folder (docs/benchmarks.md):
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import json
 import math
 import os
 import re
+import signal
+import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from .. import _io
 from .. import _validate as v
 from ..baselines import BASELINES, _best
 from ..catalog import Catalog
@@ -179,17 +183,66 @@ def _order(planners: Iterable[str]) -> dict[str, int]:
     return {p: i for i, p in enumerate(("espresso", *planners, "frontier"))}
 
 
+ROW_TYPES = {"suite": "str?", "cell": "int", "model": "str", "catalog": "str", "quota": "str?",
+             "tokens": "num?", "iterations": "num?", "seq_len": "int?",
+             "global_batch_size": "int?", "deadline_hours": "num", "planner": "str",
+             "found": "bool", "usd": "num?", "hours": "num?", "gap": "num?",
+             "proven": "bool?", "search_s": "num?", "error": "str?", "plan_file": "str?"}
+"""The row fields the report reads, and their JSON types (``?``: may be null)."""
+MAX_ROWS_BYTES = 1 << 30
+"""``rows.jsonl`` larger than this is refused (10,000 cells of six planners are ~30 MB)."""
+
+
+def _check_row(where: str, row: Any) -> dict[str, Any]:
+    hint = "; is this the results folder of `espresso bench run`?"
+    if not isinstance(row, dict):
+        msg = f"{where}: expected a row (a JSON object), got {str(row)[:80]}{hint}"
+        raise SpecError(msg)
+    for key, kind in ROW_TYPES.items():
+        val = row.get(key)
+        if val is None and kind.endswith("?"):
+            continue
+        base = kind.rstrip("?")
+        ok = (isinstance(val, str) if base == "str" else isinstance(val, bool) if base == "bool"
+              else isinstance(val, int) and not isinstance(val, bool) if base == "int"
+              else isinstance(val, (int, float)) and not isinstance(val, bool))
+        if not ok:
+            what = "missing" if key not in row else f"{val!r}"[:60]
+            msg = f"{where}: field {key!r}: expected {_ROW_WORDS[base]}, got {what}{hint}"
+            raise SpecError(msg)
+    if row["found"] and row.get("usd") is None:
+        msg = f"{where}: a row with found: true has no usd{hint}"
+        raise SpecError(msg)
+    plan_file = row.get("plan_file")
+    if plan_file is not None and (Path(plan_file).is_absolute() or ".." in Path(plan_file).parts):
+        msg = f"{where}: plan_file {plan_file[:80]!r} is not a file inside the results folder"
+        raise SpecError(msg)
+    return row
+
+
+_ROW_WORDS = {"str": "a string", "bool": "true or false", "int": "an integer",
+              "num": "a number"}
+
+
 def read_rows(out: Path) -> list[dict[str, Any]]:
-    """The rows of ``rows.jsonl`` in a results folder (a cut-short last line is skipped)."""
+    """The rows of ``rows.jsonl`` in a results folder (a cut-short last line is skipped);
+    a line that is not a row of ours is an error naming it."""
     path = out / "rows.jsonl"
     rows: list[dict[str, Any]] = []
-    if not path.exists():
+    if not _io.exists(path):
         return rows
-    for line in path.read_text(encoding="utf-8").splitlines():
+    text = _io.read_text("bench", path, err=SpecError, max_bytes=MAX_ROWS_BYTES)
+    lines = text.splitlines()
+    for n, line in enumerate(lines, start=1):
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            if n == len(lines):
+                continue  # cut short by an interrupt: the task runs again on --resume
+            msg = (f"{path}: line {n}: not JSON; is this the results folder of "
+                   "`espresso bench run`?")
+            raise SpecError(msg) from None
+        rows.append(_check_row(f"{path}: line {n}", row))
     return rows
 
 
@@ -197,13 +250,12 @@ def write_csv(out: Path, rows: list[dict[str, Any]], planners: Iterable[str]) ->
     order = _order(planners)
     rows = sorted(rows, key=lambda r: (r["cell"], order.get(r["planner"], 99)))
     path = out / "rows.csv"
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as fh:
+    with _io.atomic_output("bench", path, err=SpecError) as tmp, \
+            tmp.open("w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, fieldnames=ROW_FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
             w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in ROW_FIELDS})
-    tmp.replace(path)
     return path
 
 
@@ -224,7 +276,7 @@ def run_suite(suite: Suite, out: str | Path, *, jobs: int | None = None,
         _catalog(suite.catalogs[cat], suite.quotas[quota])  # a bad file fails here, at once
     jobs = ((os.cpu_count() or 1) if jobs is None
             else v.integer("jobs", jobs, minimum=1, maximum=1024))
-    out.mkdir(parents=True, exist_ok=True)
+    _io.make_dir("--out", out, err=SpecError)
     rows_path = out / "rows.jsonl"
     done_rows = read_rows(out) if resume else []
     if rows_path.exists() and not resume and rows_path.stat().st_size > 0:
@@ -233,13 +285,11 @@ def run_suite(suite: Suite, out: str | Path, *, jobs: int | None = None,
         raise SpecError(msg)
     if done_rows or (resume and rows_path.exists()):
         # keep only whole rows: a line cut short by an interrupt would swallow the next one
-        tmp = rows_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(_clean(r)) + "\n" for r in done_rows),
-                       encoding="utf-8")
-        tmp.replace(rows_path)
-    (out / "suite.json").write_text(json.dumps(suite.to_dict(), indent=2) + "\n",
-                                    encoding="utf-8")
-    (out / "plans").mkdir(exist_ok=True)
+        _io.write_text("bench", rows_path,
+                       "".join(json.dumps(_clean(r)) + "\n" for r in done_rows), err=SpecError)
+    _io.write_text("bench", out / "suite.json", json.dumps(suite.to_dict(), indent=2) + "\n",
+                   err=SpecError)
+    _io.make_dir("bench", out / "plans", err=SpecError)
     tasks = tasks_of(suite)
     have = {(r["cell"], r["planner"]) for r in done_rows}
     todo = [t for t in tasks if t.key not in have]
@@ -250,11 +300,12 @@ def run_suite(suite: Suite, out: str | Path, *, jobs: int | None = None,
         def record(task: Task, row: dict[str, Any], data: dict[str, Any] | None) -> None:
             if data is not None:
                 if task.planner == "frontier":
-                    (out / "frontiers").mkdir(exist_ok=True)
+                    _io.make_dir("bench", out / "frontiers", err=SpecError)
                     name = f"frontiers/{curve_slug(row)}.json"
                 else:
                     name = f"plans/cell-{task.cell.index:04d}-{task.planner}.json"
-                (out / name).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+                _io.write_text("bench", out / name, json.dumps(data, indent=1) + "\n",
+                               err=SpecError)
                 row["plan_file"] = name
             fh.write(json.dumps(_clean(row)) + "\n")
             fh.flush()
@@ -282,26 +333,80 @@ def _clean(row: dict[str, Any]) -> dict[str, Any]:
             for k, x in row.items()}
 
 
+def _quiet_worker() -> None:
+    """A worker process leaves Ctrl-C to the parent, which stops it: its own
+    KeyboardInterrupt would only print a traceback from inside the pool."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """SIGINT blocked in this thread while the pool may start a process: the child starts
+    with it blocked (a mask survives fork and exec) until ``_quiet_worker`` ignores it, so a
+    Ctrl-C while it boots cannot interrupt it either. A Ctrl-C meanwhile waits, not lost."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextlib.contextmanager
+def _ctrl_c_polled() -> Iterator[threading.Event]:
+    """Ctrl-C sets the event instead of raising inside whatever runs (an exception thrown
+    into the pool's locks surfaces as "release unlocked lock"); the loop polls it and stops
+    at a safe point. Outside the main thread, signals are not ours to handle: a plain
+    event."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    old = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _record_done(finished: Iterable[Future[Any]], pending: dict[Future[Any], Task],
+                 it: Iterator[Task], record: Callable[..., None],
+                 submit: Callable[[Task], None]) -> None:
+    for f in finished:
+        t = pending.pop(f)
+        record(t, *f.result())
+        nxt = next(it, None)
+        if nxt is not None:
+            submit(nxt)
+
+
 def _run_pool(todo: list[Task], jobs: int,
               record: Callable[[Task, dict[str, Any], dict[str, Any] | None], None]) -> None:
     # spawn: the native search's threads make fork unsafe
     pool = ProcessPoolExecutor(max_workers=min(jobs, max(1, len(todo))),
-                               mp_context=get_context("spawn"))
+                               mp_context=get_context("spawn"), initializer=_quiet_worker)
     pending: dict[Future[Any], Task] = {}
-    try:
-        it = iter(todo)
-        for t in it:  # keep 2 tasks per worker queued, not the whole suite
+
+    def submit(t: Task) -> None:
+        with _sigint_held():
             pending[pool.submit(run_task, t)] = t
-            if len(pending) >= 2 * jobs:
-                break
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for f in finished:
-                t = pending.pop(f)
-                record(t, *f.result())
-                nxt = next(it, None)
-                if nxt is not None:
-                    pending[pool.submit(run_task, nxt)] = nxt
+
+    try:
+        with _ctrl_c_polled() as stop:
+            it = iter(todo)
+            for t in it:  # keep 2 tasks per worker queued, not the whole suite
+                submit(t)
+                if len(pending) >= 2 * jobs:
+                    break
+            while pending:
+                finished, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                if stop.is_set():
+                    raise KeyboardInterrupt
+                _record_done(finished, pending, it, record, submit)
     except BaseException:
         # Ctrl-C or a failure: stop now (the rows written so far stay), not after the
         # running searches end.

@@ -72,6 +72,24 @@ def _say(line: str) -> None:
         _streams.silence(exc.stream)
 
 
+PATH_ARGS = {"catalog": "--catalog", "quota": "--quota", "job": "--job",
+             "cost_model": "--cost-model", "profile": "--profile", "json": "--json",
+             "plot": "--plot", "out": "--out", "cost_out": "--cost-out", "bench": "--bench",
+             "hosts": "--hosts", "out_dir": "--out-dir", "plan": "PLAN", "suite": "SUITE",
+             "dir": "DIR", "script": "--script", "workdir": "--workdir", "model": "--model"}
+"""Arguments that name a file or folder (by ``dest``): an empty one is refused up front, not
+read as "not given" or as the current folder."""
+
+
+def _refuse_empty_paths(args: argparse.Namespace) -> None:
+    for dest, flag in PATH_ARGS.items():
+        value = getattr(args, dest, None)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and not item.strip():
+                msg = f"{flag}: an empty name; expected a file or folder"
+                raise EspressoError(msg)
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
@@ -80,6 +98,7 @@ def _main(argv: Sequence[str] | None) -> int:
         sys.stdout.flush()  # --help on a full disk fails here, inside the guard
         raise
     try:
+        _refuse_empty_paths(args)
         code = int(args.func(args))
         sys.stdout.flush()
         return code

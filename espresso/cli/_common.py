@@ -155,6 +155,21 @@ def write_json(what: str, path: str, data: Any) -> None:
         _io.write_text(what, path, text)
 
 
+def port(text: str) -> int:
+    """``--port``: a TCP port for the process group (torchrun's rendezvous takes the next)."""
+    from ..launch import MAX_PORT
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 1 <= value <= MAX_PORT:
+        msg = (f"expected a port from 1 to {MAX_PORT} (the next port is used too), "
+               f"got {text!r}")
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
 def threads_arg(con: Console, threads: int | None) -> int | None:
     """``--threads``: at least 1; more than this machine's cores is capped with a note (a
     search thread per core is the most that helps; beyond, threads only contend)."""
@@ -177,6 +192,24 @@ def note_threads(con: Console, asked: int | None, stats: Any) -> None:
     if 0 < stats.threads < wanted:
         con.print(f"[dim]Note: the system started only {stats.threads} of {wanted} search "
                   "threads (a memory or process limit); the search ran on those.[/]")
+
+
+def check_folder(what: str, path: str) -> None:
+    """Refuse, before the work, an output folder that exists as something else, or whose
+    nearest existing parent is not a writable folder."""
+    import os
+    from pathlib import Path
+
+    p = Path(path)
+    if os.path.lexists(p) and not p.is_dir():
+        msg = f"{what}: {_io.shown_path(path)}: exists and is not a folder"
+        raise SpecError(msg)
+    parent = p
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        msg = f"{what}: {_io.shown_path(path)}: cannot create or write in it"
+        raise SpecError(msg)
 
 
 def check_output(what: str, path: str | None) -> None:

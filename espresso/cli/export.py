@@ -13,12 +13,15 @@ def cmd_export_skypilot(args: argparse.Namespace) -> int:
     from ..cloud.skypilot_export import export
     from ..estimate import estimate
 
+    c.check_folder("--out", args.out)
     plan = Plan.from_json(args.plan)
+    # A catalog given is read (and must be good) even when the plan's estimate makes it
+    # unneeded: a wrong --catalog is never silently ignored.
+    catalog = c.load_available(args) if args.catalog or args.spot else None
     if plan.estimate is None:  # the rent list comes from the estimate
         from dataclasses import replace
 
-        plan = replace(plan, estimate=estimate(plan, c.load_available(args)
-                                               if args.catalog or args.spot else None))
+        plan = replace(plan, estimate=estimate(plan, catalog))
     files = export(plan, args.out, script=args.script, script_args=args.script_args or "",
                    workdir=args.workdir, setup=args.setup, port=args.port,
                    checkpoint_bucket=args.checkpoint_bucket)
@@ -49,7 +52,8 @@ def register(sub: Any) -> None:
                    help="folder SkyPilot syncs to every node (default: the current one)")
     s.add_argument("--setup", default="pip install 'espresso-planner[torch]'",
                    help="setup command of every node")
-    s.add_argument("--port", type=int, default=29500, help="process-group port (default 29500)")
+    s.add_argument("--port", type=c.port, default=29500,
+                   help="process-group port (default 29500)")
     s.add_argument("--checkpoint-bucket", metavar="URI",
                    help="bucket mounted at /checkpoints on every node, where the script "
                         "checkpoints (--checkpoint-dir); required for spot plans")

@@ -34,10 +34,33 @@ def _models_table(catalog: Any, title: str) -> Table:
     return table
 
 
+def _check_filters(args: argparse.Namespace, catalog: Any) -> None:
+    """A filter that names nothing in the catalog is a typo, not an empty answer."""
+    import fnmatch
+
+    from .. import _validate as v
+    from ..errors import CatalogError
+
+    known = {"--provider": sorted({g.provider or "local" for g in catalog}),
+             "--gpu": sorted({g.model for g in catalog}),
+             "--region": sorted({g.region or "" for g in catalog} - {""})}
+    for flag, given in (("--provider", args.provider), ("--gpu", args.gpu),
+                        ("--region", args.region)):
+        for item in given or ():
+            hit = (any(fnmatch.fnmatchcase(r, item) for r in known[flag]) if flag == "--region"
+                   else item in known[flag])
+            if not hit:
+                shown = ", ".join(known[flag][:30]) + (", ..." if len(known[flag]) > 30 else "")
+                msg = (f"{flag} {item!r}{v.suggest(item, known[flag])}: the catalog has "
+                       f"no such {flag[2:]}; it has: {shown or 'none'}")
+                raise CatalogError(msg)
+
+
 def cmd_offers(args: argparse.Namespace) -> int:
     import fnmatch
 
     catalog = c.load_available(args)
+    _check_filters(args, catalog)
     rows = [g for g in catalog
             if (not args.provider or (g.provider or "local") in args.provider)
             and (not args.region or any(fnmatch.fnmatchcase(g.region or "", p)

@@ -17,9 +17,8 @@ from . import _common as c
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    if args.out_dir and os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
-        msg = f"--out-dir: {args.out_dir}: exists and is not a folder"
-        raise LaunchError(msg)
+    if args.out_dir is not None:
+        c.check_folder("--out-dir", args.out_dir)
     plan = Plan.from_json(args.plan)
     check_runnable(plan)  # refuse here, once, what every rank would refuse
     if args.local:
@@ -67,6 +66,7 @@ def register(sub: Any) -> None:
                         "{address: 10.0.0.2, instance_type: p4d.24xlarge}, ...]")
     p.add_argument("--script", default="train.py", help="training script (default train.py)")
     p.add_argument("--script-args", default="", help="arguments for the script")
-    p.add_argument("--port", type=int, default=29500, help="process-group port on the first host")
+    p.add_argument("--port", type=c.port, default=29500,
+                   help="process-group port on the first host (default 29500)")
     p.add_argument("--out-dir", metavar="DIR", help="write node<i>.sh scripts instead")
     p.set_defaults(func=cmd_launch)

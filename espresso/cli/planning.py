@@ -72,6 +72,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- plan
 def job_from_args(args: argparse.Namespace) -> Job:
     data: dict[str, Any] = {}
+    if args.tokens is not None and args.iterations is not None:
+        msg = (f"give --tokens or --iterations, not both (got --tokens {args.tokens} and "
+               f"--iterations {args.iterations})")
+        raise JobError(msg)
     if args.job:
         loaded = load_yaml("--job", args.job, err=JobError)
         if not isinstance(loaded, dict):
@@ -96,7 +100,7 @@ def job_from_args(args: argparse.Namespace) -> Job:
             msg = f"plan: {flag} is required (or give it in --job FILE)"
             raise JobError(msg)
     if "tokens" not in data and "iterations" not in data:
-        msg = "plan: give --tokens (e.g. 2e10 or 20B) or --iterations"
+        msg = "plan: give --tokens (e.g. 2e10 or 20B) or --iterations (one of them)"
         raise JobError(msg)
     return Job.from_dict(data)
 
@@ -150,7 +154,7 @@ def _depth_arg(tiers: tuple[int, ...]) -> int | tuple[int, ...]:
 
 def _word_list(name: str, allowed: tuple[str, ...]) -> Any:
     def parse(text: str) -> tuple[str, ...]:
-        words = tuple(w.strip() for w in text.split(",") if w.strip())
+        words = tuple(w.strip() for w in text.split(","))
         bad = [w for w in words if w not in allowed]
         if not words or bad:
             msg = (f"--{name}: expected a comma-separated list of {', '.join(allowed)}, "
@@ -164,8 +168,8 @@ def _int_list(name: str, lo: int, hi: int, *, allow_none: bool = True) -> Any:
     def parse(text: str) -> tuple[int, ...]:
         if allow_none and text.strip() == "none":
             return ()
-        try:
-            out = tuple(int(w) for w in text.split(",") if w.strip())
+        try:  # every item a number: "1,,2" and "4," are refused, not read as (1, 2), (4,)
+            out = tuple(int(w) for w in text.split(","))
         except ValueError:
             out = ()
         if not out or any(not lo <= x <= hi for x in out):

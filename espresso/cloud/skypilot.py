@@ -28,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from .. import _io
+from .. import _validate as v
 from ..errors import CatalogError
 from .offers import Offer
 from .specs import GpuSpec, SpecTable
@@ -173,6 +174,10 @@ def read_skypilot(paths: Sequence[str | Path], *, specs: SpecTable | None = None
         text_path = str(item)
         provider, _, file = text_path.partition("=") if "=" in text_path else ("", "", text_path)
         provider = provider.lower() or provider_of(file)
+        if provider not in PROVIDERS:
+            msg = (f"{text_path}: unknown provider {provider!r}{v.suggest(provider, PROVIDERS)}; "
+                   f"expected one of {', '.join(PROVIDERS)}")
+            raise CatalogError(msg)
         if providers and provider not in providers:
             continue
         text = _io.read_text("catalog", file, err=CatalogError)
