@@ -92,6 +92,12 @@ def read_bytes(what: str, path: str | Path, *, err: type[Exception] = FileError,
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except (OSError, ValueError) as exc:
+        mode = stat.S_IFREG
+        with contextlib.suppress(OSError, ValueError):
+            mode = os.stat(path).st_mode  # a socket cannot be opened: say what it is
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            msg = f"{what}: {shown_path(path)}: is {kind_of(mode)}, expected a regular file"
+            raise err(msg) from None
         raise _fail(what, path, exc, err) from None
     try:
         st = os.fstat(fd)

@@ -11,12 +11,15 @@ from .errors import PlanError
 
 GB = 1e9
 
+MAY_BE_NEGATIVE = ("headroom_gb", "interruptions_at_confidence")
+"""Estimate fields that may be below 0 (a stage that does not fit; -1: no bound)."""
 RENT_KEYS = {"offer": "str", "provider": "str?", "region": "str?", "instance_type": "str",
              "gpu": "str", "instances": "int", "gpus": "int", "idle_gpus": "int",
              "hourly_usd": "float", "market": "str", "interruptions_per_hour": "float",
              "recovery_hours": "float"}
 """The fields of one entry of ``Estimate.rent`` and their types (``?``: may be null)."""
-RENT_REQUIRED = ("offer", "instance_type", "gpu", "instances", "gpus", "hourly_usd")
+RENT_REQUIRED = ("offer", "provider", "region", "instance_type", "gpu", "instances", "gpus",
+                 "hourly_usd")
 
 
 def _typed(where: str, value: Any, kind: str) -> Any:
@@ -28,8 +31,9 @@ def _typed(where: str, value: Any, kind: str) -> Any:
     if kind == "int":
         return v.integer(where, value, err=PlanError)
     if kind == "float":  # a real number; inf stands for "never" (e.g. hours at confidence)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            v.number(where, value, err=PlanError)  # raises, naming the field
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            msg = f"{where}: expected a number, got {value!r}"
+            raise PlanError(msg)
         return float(value)
     if kind == "bool":
         return v.boolean(where, value, err=PlanError)
@@ -67,8 +71,16 @@ def _checked(where: str, cls: Any, data: Any, optional: tuple[str, ...] = (),
     names = [f.name for f in fields(cls)]
     v.known_keys(where, data, names, [n for n in names if n not in optional], err=PlanError)
     types = {f.name: str(f.type) for f in fields(cls)}
-    return {k: x if k in special else _typed(f"{where}.{k}", x, types[k])
-            for k, x in data.items()}
+    out = {k: x if k in special else _typed(f"{where}.{k}", x, types[k])
+           for k, x in data.items()}
+    for k, x in out.items():
+        bad = [y for y in (x if isinstance(x, tuple) else (x,))
+               if isinstance(y, (int, float)) and not isinstance(y, bool)
+               and y < -1e-9]  # (a rounding below 0, as a bubble of -1e-17, is 0)
+        if bad and k not in MAY_BE_NEGATIVE:
+            msg = f"{where}.{k}: expected a number >= 0, got {x!r}"
+            raise PlanError(msg)
+    return out
 
 
 def _rent_entry(where: str, value: Any) -> dict[str, Any]:

@@ -368,7 +368,11 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                      + core.head_fwd_flops(dims, job.seq_len, 1))
     job_flops = float(job.num_iterations) * job.global_batch_size * per_seq
     prepared: list[tuple[float, int, Subproblem, list[GpuType], list[Any]]] = []
+    unprepared = False  # the time limit ran out while the subproblems were being prepared
     for sp in subproblems(catalog, scope):
+        if budget.spent or (progress is not None and progress.cancelled):
+            unprepared = True  # the rest is unknown: no bound on it but 0
+            break
         rows = [catalog.gpus[i] for i in sp.rows]
         names = [g.name for g in rows]
         specs = [g._spec() for g in rows]
@@ -546,7 +550,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
             continue
         retry.remove((lb, n))
         run(n, budget.share(1.0), opts.threads)
-    open_bounds = [lb for lb, _ in retry if lb <= kth() * (1 + 1e-9)]
+    open_bounds = [lb for lb, _ in retry if lb <= kth() * (1 + 1e-9)] + [0.0] * unprepared
     complete = not open_bounds
     timed_out = not complete
     open_lb = min(open_bounds, default=math.inf)

@@ -264,3 +264,63 @@ def test_a_bad_quota_file_fails_before_anything_runs(tmp_path: Path) -> None:
     with pytest.raises(es.SpecError, match=r"missing\.yaml"):
         run_suite(suite, tmp_path / "out", jobs=1)
     assert not (tmp_path / "out" / "rows.jsonl").exists()
+
+
+# ---------------------------------------------------------------------- hostile (issue 25)
+@pytest.mark.parametrize(("content", "words"), [
+    (b'{"a": 1}\n', "field 'cell': expected an integer, got missing"),
+    (bytes(range(256)), "not UTF-8"),
+    (b'[1, 2]\n{"cell": 0}\n', "line 1: expected a row"),
+    (b'not json\n{"a": 1}\n', "line 1: not JSON"),
+])
+def test_report_refuses_what_is_not_a_results_folder(content: bytes, words: str,
+                                                     tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    (tmp_path / "rows.jsonl").write_bytes(content)
+    assert main(["bench", "report", str(tmp_path), "--no-plots"]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_report_refuses_rows_that_point_outside(tmp_path: Path,
+                                                local_run: tuple[Path, list[dict[str, Any]]]
+                                                ) -> None:
+    row = dict(local_run[1][0], plan_file="../../etc/passwd")
+    (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
+    with pytest.raises(es.SpecError, match="not a file inside the results folder"):
+        read_rows(tmp_path)
+
+
+def test_run_out_must_be_a_folder_it_can_make(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    suite = _write(tmp_path, SUITE)
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    for out in (taken, taken / "sub"):
+        assert main(["bench", "run", str(suite), "--out", str(out)]) == 2
+        assert "error: --out" in capsys.readouterr().err
+    assert taken.read_text() == "x"
+
+
+def test_ctrl_c_stops_a_run_without_a_traceback(tmp_path: Path) -> None:
+    """Ctrl-C at a terminal reaches the whole process group, pool workers included: they
+    leave it to the parent, which stops them and keeps the rows so far (exit 130)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    suite = _write(tmp_path, {**SUITE, "search": {"time_limit_s": 30}})
+    out = tmp_path / "out"
+    for wait_s in (1.5, 4.0):
+        p = subprocess.Popen([sys.executable, "-m", "espresso.cli", "bench", "run", str(suite),
+                              "--out", str(out), "--jobs", "2", "--no-plots", "--resume"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+        time.sleep(wait_s)
+        os.killpg(p.pid, signal.SIGINT)
+        text, _ = p.communicate(timeout=120)
+        assert p.returncode in (0, 130), text
+        assert "Traceback" not in text and "Errno" not in text and "internal" not in text
+    read_rows(out)  # whole rows only

@@ -225,3 +225,124 @@ def test_interleaving_shows_in_the_plan_and_can_be_turned_off(
         with pytest.raises(SystemExit):
             main([*PLAN_7B, flag, bad])
         assert f"{flag}: {what}" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- exact inputs (issue 25)
+SMALL = ["plan", "--model", "gpt3-1.3b", "--deadline", "7d", "--catalog", "builtin:gpus",
+         "--time-limit", "10"]
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--tokens", "1e9", "--iterations", "100"], "give --tokens or --iterations, not both"),
+    (["--iterations", "1.5"], "job.iterations: expected a whole count, got '1.5'"),
+    (["--tokens", "1.5"], "job.tokens: expected a whole count"),
+    (["--tokens", "1e9", "--deadline=-1d"], "expected a positive duration, got '-1d'"),
+])
+def test_job_flags_are_read_exactly(extra: list[str], words: str,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*SMALL, *extra]) == 2
+    assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--max-stages", "1,,2"), ("--max-stages", "4,"), ("--virtual-stages", "1,,2"),
+    ("--interleave-after", ",2"), ("--sharding", "fsdp,,zero1"), ("--recompute", "none,"),
+    ("--deadline", "-1d")])
+def test_lists_with_empty_items_and_negative_values(flag: str, value: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty item is refused, not dropped; '-1d' is a value (refused by its check), not
+    argparse's 'expected one argument'."""
+    argv = [*SMALL, "--tokens", "1e9", flag, value]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's type check
+        code = int(exc.code or 0)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert flag in err or "duration" in err
+    assert "expected one argument" not in err
+
+
+def test_offers_filters_that_match_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    for flag, value, known in (("--provider", "nope", "aws"), ("--gpu", "H1000", "H100-SXM"),
+                               ("--region", "nowhere-*", "ap-northeast-1")):
+        assert main(["offers", flag, value]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} '{value}'" in err and known in err
+    assert main(["offers", "--provider", "aws", "--region", "us-*", "--gpu", "H100-SXM"]) == 0
+    assert "p5.48xlarge" in capsys.readouterr().out
+
+
+def test_unknown_skypilot_provider(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    vms = tmp_path / "vms.csv"
+    vms.write_text("InstanceType,AcceleratorName,AcceleratorCount,Price,Region\n")
+    assert main(["gpus", "--catalog", f"skypilot:nope={vms}"]) == 2
+    assert "unknown provider 'nope'" in capsys.readouterr().err
+
+
+def test_export_reads_the_catalog_it_is_given(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--model", "gpt3-1.3b", "--tokens", "1e9", "--deadline", "7d",
+                 "--json", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["export", "skypilot", str(plan), "--out", str(tmp_path / "sky"),
+                 "--catalog", str(tmp_path / "nonexistent.yaml")]) == 2
+    assert "nonexistent.yaml: no such file" in capsys.readouterr().err
+    assert not (tmp_path / "sky").exists()
+
+
+@pytest.mark.parametrize("port", ["-1", "0", "65535", "70000", "x"])
+def test_ports_are_checked(port: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("hosts:\n  - {address: 10.0.0.1, gpu: A100-80GB, gpus: 8}\n"
+                     "  - {address: 10.0.0.2, gpu: L40S, gpus: 8}\n")
+    for argv in (["launch", str(EXAMPLE), "--hosts", str(hosts), f"--port={port}"],
+                 ["export", "skypilot", str(EXAMPLE), "--out", str(tmp_path / "s"),
+                  f"--port={port}"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "expected a port from 1 to 65534" in capsys.readouterr().err
+    assert main(["launch", str(EXAMPLE), "--hosts", str(hosts), "--port", "65534"]) == 0
+    from espresso.launch import LaunchError, load_hosts, torchrun_commands
+
+    with pytest.raises(LaunchError, match="master_port"):
+        torchrun_commands("p.json", es.Plan.from_json(EXAMPLE), load_hosts(hosts), "t.py",
+                          master_port=-5)
+
+
+def test_plan_json_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--json -` prints the plan alone on stdout (the report goes to stderr), as
+    `estimate --json -` does; it never writes a file named '-'."""
+    assert main(["plan", "--model", "gpt3-1.3b", "--tokens", "1e9", "--deadline", "7d",
+                 "--json", "-"]) == 0
+    cap = capsys.readouterr()
+    assert es.Plan.from_dict(json.loads(cap.out)).job.model.name == "gpt3-1.3b"
+    assert "Total:" in cap.err
+    assert not Path("-").exists()
+
+
+def test_frontier_json_is_deterministic(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["frontier", "--model", "gpt3-1.3b", "--tokens", "1e9", "--catalog",
+            "builtin:gpus", "--max-points", "3"]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main([*argv, "--json", str(a)]) == 0
+    assert main([*argv, "--json", str(b), "--threads", "1"]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    assert main([*argv, "--json", str(b), "--stats"]) == 0
+    assert "seconds" in json.loads(b.read_text())
+
+
+def test_threads_above_the_cores_are_capped(capsys: pytest.CaptureFixture[str]) -> None:
+    from espresso.search import usable_cores
+
+    assert main(["plan", "--model", "gpt3-1.3b", "--tokens", "1e9", "--deadline", "7d",
+                 "--catalog", "builtin:gpus", "--threads", "100000"]) == 0
+    out = capsys.readouterr().out
+    assert (f"--threads 100000 is more than the {usable_cores()} cores this process may use"
+            in " ".join(out.split()))
+    assert f"on {usable_cores()} thread" in out
+    assert main(["plan", "--model", "gpt3-1.3b", "--tokens", "1e9", "--deadline", "7d",
+                 "--threads", "0"]) == 2
+    assert "--threads: expected a count >= 1" in capsys.readouterr().err

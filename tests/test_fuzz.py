@@ -214,3 +214,65 @@ def test_cli_plan_flags(flag: str, value: str) -> None:
         with contextlib.suppress(ValueError):
             limit = max(LIMIT_S, float(value)) if math.isfinite(float(value)) else LIMIT_S
     assert time.monotonic() - t < min(limit, 60.0) + MARGIN_S
+
+
+# A plan of the cloud snapshot with spot rows: every part of the estimate is present (rent,
+# stages, spot), for the fuzzer to break.
+_SPOT_PLAN: dict[str, Any] | None = None
+
+
+def _spot_plan() -> dict[str, Any]:
+    global _SPOT_PLAN
+    if _SPOT_PLAN is None:
+        from espresso.cloud.spot import with_spot
+
+        job = es.Job.from_dict({"model": "gpt3-1.3b", "tokens": 1e9, "deadline_hours": 48})
+        cat = with_spot(es.Catalog.builtin(), only=True)
+        _SPOT_PLAN = es.plan(job, cat, time_limit_s=10).to_dict()
+    return _SPOT_PLAN
+
+
+hostile_value = st.one_of(
+    hostile_number, st.text(max_size=5), st.lists(st.integers(-3, 3), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.just([{"x": 1}]), st.just({"offer": 5}), st.just(["x"]), st.just(5.0))
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=100)
+@given(data=st.data(), value=hostile_value)
+def test_plan_estimate_fields(data: st.DataObject, value: Any) -> None:
+    """Any value in any field of a plan's estimate (its top level, a stage, a rent entry,
+    the spot figures, or the field missing) is read or refused with PlanError; what is read
+    prints, exports and round-trips without another exception (issue 25)."""
+    import copy
+    import io
+
+    from rich.console import Console
+
+    from espresso.cli.report import print_estimate, rent_lines
+
+    raw = copy.deepcopy(_spot_plan())
+    est = raw["estimate"]
+    where = data.draw(st.sampled_from(["top", "stage", "rent", "spot"]))
+    target = {"top": est, "stage": est["stages"][0], "rent": est["rent"][0],
+              "spot": est["spot"]}[where]
+    key = data.draw(st.sampled_from(sorted(target)))
+    if data.draw(st.booleans()):
+        target[key] = value
+    else:
+        del target[key]
+    try:
+        plan = es.Plan.from_dict(raw)
+    except es.PlanError as exc:
+        message = str(exc)
+        assert message, "an error without a message"
+        return
+    assert plan.estimate is not None
+    print_estimate(plan, plan.estimate, Console(file=io.StringIO(), width=200))
+    rent_lines(plan.estimate)
+    again = es.Plan.from_json(plan.to_json())
+    assert again.estimate == plan.estimate
+    from espresso.cloud.skypilot_export import node_groups
+
+    with contextlib.suppress(es.PlanError):
+        node_groups(plan)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -182,3 +183,40 @@ def test_no_subproblem_starts_once_the_time_is_spent() -> None:
     assert res.stats.subproblems > 50
     assert res.stats.subproblems_searched < res.stats.subproblems // 2
     assert not res.stats.complete
+
+
+def _big_spot_catalog_file(tmp: Any) -> str:
+    """The cloud snapshot seven times over (one copy per made-up region suffix): 5,579 offers,
+    as in issue 25's time-limit runs."""
+    import json
+    from importlib import resources
+
+    data = json.loads(resources.files("espresso").joinpath("data/offers.json").read_text())
+    offers = []
+    for k in range(7):
+        for o in data["offers"]:
+            o = dict(o, region=o["region"] + (f"-x{k}" if k else ""))
+            if o.get("zones"):
+                o["zones"] = [z + (f"-x{k}" if k else "") for z in o["zones"]]
+            offers.append(o)
+    path = tmp / "big.json"
+    path.write_text(json.dumps({"offers": offers}))
+    return str(path)
+
+
+def test_the_limit_covers_loading_and_preparing_a_big_catalog(
+        tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """5,579 offers plus their spot rows, --time-limit 0.3: the command once took 1.6-2.5 s
+    (loading and preparing the catalog was outside the limit and quadratic); 1.2 s of margin
+    is for a noisy machine, not for the work."""
+    from espresso.cli import main
+
+    big = _big_spot_catalog_file(tmp_path)
+    for threads in ("1", "2"):
+        t = time.monotonic()
+        code = main(["plan", "--model", "llama2-70b", "--tokens", "1e11", "--deadline", "7d",
+                     "--catalog", big, "--spot", "--time-limit", "0.3", "--threads", threads])
+        took = time.monotonic() - t
+        assert code in (0, 1), capsys.readouterr().err
+        assert took < 0.3 + 1.2, f"{took:.2f} s for a 0.3 s limit"
+    capsys.readouterr()

@@ -76,3 +76,28 @@ def test_profile_cli_then_plan_and_estimate_with_it(tmp_path: Path,
     assert main(["estimate", str(plan_json), "--catalog", str(cat), "--profile",
                  f"T4={out}"]) == 2
     assert "the file is a profile of L4, not T4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--device", "nope"], "'nope' is not a torch device"),
+    (["--device", "cuda:7"], "cuda:7"),
+    (["--micro-batch", "0"], "--micro-batch 0 is out of range"),
+    (["--seq-len", "0"], "--seq-len 0 is out of range"),
+    (["--repeats", "0"], "--repeats 0 is out of range"),
+    (["--warmup=-1"], "--warmup -1 is out of range"),
+])
+def test_profile_refuses_bad_sizes_and_devices_before_the_work(
+        extra: list[str], words: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if extra[-1] == "cuda:7" and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    out = tmp_path / "p.json"
+    assert main(["profile", "--model", "gpt3-1.3b", "--gpu", "A100-80GB", "--out", str(out),
+                 *extra]) == 2
+    assert words in capsys.readouterr().err
+    assert not out.exists()  # no profile of another size than asked
+    with pytest.raises(es.ProfileError):
+        profile_model(es.ModelSpec.preset("gpt3-1.3b"), gpu="A100-80GB", seq_len=0,
+                      device="cpu")

@@ -392,3 +392,50 @@ def test_plans_with_tp_stages_use_sequence_parallelism_by_default() -> None:
         odd = es.search(replace(job, seq_len=255), catalog, max_stages=2, **SMALL)
         assert not any(q.sequence_parallel for q in odd.plans)
     assert seen > 0
+
+
+def test_threads_the_system_cannot_start_are_done_without() -> None:
+    """Issue 25: under a memory limit that lets a few hundred threads start, 400 threads
+    aborted the interpreter ('terminate called without an active exception'); now the
+    search runs on those that started, says how many, and finds the same plan."""
+    import resource
+    import subprocess
+    import sys
+
+    code = ("import espresso as es\n"
+            "job = es.Job.from_dict({'model': 'llama2-7b', 'tokens': 2e10, "
+            "'deadline_hours': 168})\n"
+            "r = es.search(job, es.Catalog.builtin('gpus'), threads=400, time_limit_s=60)\n"
+            "print(r.stats.threads, r.stats.complete, r.plans[0].estimate.total_usd)\n")
+
+    def limit() -> None:  # 400 stacks of 8 MB do not fit in 3 GB of address space
+        resource.setrlimit(resource.RLIMIT_AS, (3_000_000_000, 3_000_000_000))
+
+    r = subprocess.run([sys.executable, "-c", code], preexec_fn=limit, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    threads, complete, usd = r.stdout.split()
+    assert 1 <= int(threads) < 400 and complete == "True"
+    job = es.Job.from_dict({"model": "llama2-7b", "tokens": 2e10, "deadline_hours": 168})
+    best = es.search(job, es.Catalog.builtin("gpus"), threads=2, time_limit_s=60).plans[0]
+    assert float(usd) == pytest.approx(best.estimate.total_usd, rel=1e-12)  # type: ignore[union-attr]
+
+
+def test_domain_threads_that_cannot_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Subproblems searched side by side: a thread that cannot start is done without."""
+    import threading
+
+    job = _llama_job("3d")
+    want = es.search(job, max_stages=4, threads=1, interleave_after=()).plans[0]
+    real_start = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        if self.name.startswith("espresso-domain-"):
+            msg = "can't start new thread"
+            raise RuntimeError(msg)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    r = es.search(job, max_stages=4, threads=8, interleave_after=())
+    assert r.stats.threads == 1 and r.stats.complete
+    assert r.plans[0].to_dict() == want.to_dict()

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import espresso as es
+from espresso.units import parse_count, parse_hours
 
 
 @pytest.mark.parametrize(
@@ -54,3 +57,23 @@ def test_format_seconds(s: float, text: str) -> None:
     from espresso.units import format_seconds
 
     assert format_seconds(s) == text
+
+
+def test_counts_are_whole_and_exact() -> None:
+    """Issue 25: '--iterations 1.5' became 2; a fraction is refused, not rounded. Scaled
+    decimals are exact (as a float product 1.1 x 1e9 is not a whole number)."""
+    assert parse_count("1.1B") == 1_100_000_000
+    assert parse_count("1.5T") == 1_500_000_000_000
+    assert parse_count("2e10") == parse_count(2e10) == 20_000_000_000
+    for bad, words in (("1.5", "expected a whole count"), (1.5, "expected a whole count"),
+                       ("-3", "expected a count >= 1"), ("1e99999999999", "too large"),
+                       ("9" * 5000, "(5,002 characters) is too large"),
+                       (float("nan"), "expected a count >= 1")):
+        with pytest.raises(es.JobError, match=re.escape(words)):
+            parse_count(bad, "job.iterations")
+
+
+def test_negative_durations_say_so() -> None:
+    for bad in ("-1d", "-5", "0h"):
+        with pytest.raises(es.JobError, match="expected a positive duration"):
+            parse_hours(bad)

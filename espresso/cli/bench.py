@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .. import _io
 from .. import _validate as v
 from ..errors import SpecError
 from . import _common as c
@@ -92,8 +93,9 @@ def cmd_bench_report(args: argparse.Namespace) -> int:
     from ..bench import report
     from ..bench.report import load_results
 
-    if not (Path(args.dir) / "rows.jsonl").exists():
-        msg = f"bench report: {args.dir} has no rows.jsonl (run `espresso bench run` first)"
+    if not _io.exists(Path(args.dir) / "rows.jsonl"):
+        msg = (f"bench report: {_io.shown_path(args.dir)} has no rows.jsonl (run `espresso "
+               "bench run` first)")
         raise SpecError(msg)
     path, plots, why = report(args.dir, plots=not args.no_plots)
     con = c.console()

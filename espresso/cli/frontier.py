@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..frontier import frontier
-from ..progress import DEFAULT_TIME_LIMIT_S, SearchProgress
+from ..progress import DEFAULT_TIME_LIMIT_S, SearchProgress, TimeBudget
 from ..units import format_hours as _hours
 from . import _common as c
 from .planning import _cost_model, add_checkpoint_arg, add_job_args, job_from_args
@@ -18,6 +18,7 @@ from .report import _rented
 
 def cmd_frontier(args: argparse.Namespace) -> int:
     c.check_output("--json", args.json)
+    budget = TimeBudget(args.time_limit)  # the limit covers loading the catalog too
     catalog = c.load_available(args)
     args.deadline = args.deadline or "1e9"  # the frontier sets every deadline itself
     job = job_from_args(args)
@@ -25,9 +26,9 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     progress = SearchProgress()
     f = c.run_with_progress(
         con, "Searching the frontier (each step is one exact search)",
-        lambda: frontier(job, catalog, max_points=args.max_points, time_limit_s=args.time_limit,
+        lambda: frontier(job, catalog, max_points=args.max_points, time_limit_s=budget.share(),
                          threads=c.threads_arg(con, args.threads), cost_model=_cost_model(args),
-                         progress=progress), progress)
+                         progress=progress), progress, budget)
     if args.json:  # before anything else can fail
         c.write_json("--json", args.json, f.to_dict(timings=args.stats))
     if not f.points:

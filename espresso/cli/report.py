@@ -115,7 +115,8 @@ def spot_lines(est: Estimate) -> list[str]:
         return []
     worst = s.hours_at_confidence
     worst_usd = est.hourly_usd * worst + est.transfer_usd
-    every = f"one every {_hours(1 / s.interruptions_per_hour)}"
+    every = (f"one every {_hours(1 / s.interruptions_per_hour)}"
+             if s.interruptions_per_hour > 0 else "none expected")
     ckpt = (f"checkpoint every {_hours(s.checkpoint_interval_hours)} of work (writing takes "
             f"{_sec(s.checkpoint_hours * 3600)})" if s.checkpoint_interval_hours > 0
             else "checkpoints free (cost_model.checkpoint_gbs 0)")
