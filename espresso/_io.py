@@ -158,7 +158,7 @@ def exists(path: str | Path) -> bool:
 _SafeBase = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when present
 
 
-class DuplicateKeyError(yaml.YAMLError, ValueError):
+class DuplicateKeyError(yaml.YAMLError, ValueError):  # type: ignore[misc]
     """A mapping names one key twice (YAML and JSON parsers would keep the last silently)."""
 
 

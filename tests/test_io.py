@@ -178,6 +178,13 @@ def _special(tmp: Path, kind: str, name: str) -> str:
 
 
 _SOCKETS: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_sockets() -> Any:
+    yield
+    while _SOCKETS:
+        _SOCKETS.pop().close()
 _KIND_WORDS = {"fifo": "named pipe", "dir": "directory", "socket": "socket",
                "null": "character device", "zero": "character device",
                "link-to-fifo": "named pipe"}

@@ -191,7 +191,7 @@ def _frontier_file(out: Path | None, row: Row) -> dict[str, Any] | None:
         msg = (f"bench: {out / str(row['plan_file'])}: not a frontier file (schema "
                "espresso.frontier/1)")
         raise SpecError(msg)
-    return data
+    return dict(data)
 
 
 def draw(out: Path, rows: list[Row]) -> list[str]:

@@ -384,11 +384,16 @@ def _record_done(finished: Iterable[Future[Any]], pending: dict[Future[Any], Tas
             submit(nxt)
 
 
+def _worker_pool(workers: int) -> ProcessPoolExecutor:
+    """Processes that leave Ctrl-C to this one (spawned: the native search's threads make
+    fork unsafe)."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                               initializer=_quiet_worker)
+
+
 def _run_pool(todo: list[Task], jobs: int,
               record: Callable[[Task, dict[str, Any], dict[str, Any] | None], None]) -> None:
-    # spawn: the native search's threads make fork unsafe
-    pool = ProcessPoolExecutor(max_workers=min(jobs, max(1, len(todo))),
-                               mp_context=get_context("spawn"), initializer=_quiet_worker)
+    pool = _worker_pool(min(jobs, max(1, len(todo))))
     pending: dict[Future[Any], Task] = {}
 
     def submit(t: Task) -> None:

@@ -62,8 +62,8 @@ def _as_os_error(exc: BaseException) -> OSError:
 def guarded() -> Iterator[None]:
     """Guard ``sys.stdout`` and ``sys.stderr`` for the duration of the block."""
     out, err = sys.stdout, sys.stderr
-    sys.stdout = _Guarded(out, "standard output")  # type: ignore[assignment]
-    sys.stderr = _Guarded(err, "standard error")  # type: ignore[assignment]
+    sys.stdout = _Guarded(out, "standard output")
+    sys.stderr = _Guarded(err, "standard error")
     try:
         yield
     finally:
