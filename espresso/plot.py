@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _core as core
+from . import _io
 from ._optional import require
 from .errors import SpecError
 from .plan import Plan
@@ -90,9 +91,12 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, path: str | Path) -> Path:
+    """Into a regular file (a symlink written through), atomically; the folder is made."""
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110, bbox_inches="tight")
+    _io.make_dir("plot", out.parent if str(out.parent) else Path("."))
+    fmt = out.suffix.lstrip(".").lower() or None
+    with _io.atomic_output("plot", out, suffix=out.suffix) as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight", format=fmt)
     return out
 
 

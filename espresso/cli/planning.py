@@ -238,7 +238,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         con.print(f"[red]No plan:[/] {escape(str(exc))}")
         if exc.fastest is not None and args.json:
             _write_plan(exc.fastest, args)
-            con.print(f"Wrote the fastest plan to {escape(args.json)}")
+            if args.json != "-":
+                con.print(f"Wrote the fastest plan to {escape(args.json)}")
         return c.EXIT_INTERRUPTED if progress.cancelled else c.EXIT_INFEASIBLE
     best = result.plans[0]
     if args.json:  # before anything else can fail or take time
