@@ -69,6 +69,12 @@ def kind_of(mode: int) -> str:
     return "not a regular file"
 
 
+def _not_regular(what: str, path: str | Path, mode: int, err: type[Exception]) -> Exception:
+    if stat.S_ISDIR(mode):
+        return err(f"{what}: {shown_path(path)}: is a directory, expected a file")
+    return err(f"{what}: {shown_path(path)}: is {kind_of(mode)}, expected a regular file")
+
+
 def _check_path(what: str, path: str | Path, err: type[Exception]) -> None:
     if isinstance(path, str) and not path:
         msg = f"{what}: an empty path; expected a file name"
@@ -96,16 +102,12 @@ def read_bytes(what: str, path: str | Path, *, err: type[Exception] = FileError,
         with contextlib.suppress(OSError, ValueError):
             mode = os.stat(path).st_mode  # a socket cannot be opened: say what it is
         if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-            msg = f"{what}: {shown_path(path)}: is {kind_of(mode)}, expected a regular file"
-            raise err(msg) from None
+            raise _not_regular(what, path, mode, err) from None
         raise _fail(what, path, exc, err) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            msg = f"{what}: {shown_path(path)}: is {kind_of(st.st_mode)}, expected a regular file"
-            if stat.S_ISDIR(st.st_mode):
-                msg = f"{what}: {shown_path(path)}: is a directory, expected a file"
-            raise err(msg)
+            raise _not_regular(what, path, st.st_mode, err)
         if st.st_size > max_bytes:
             msg = (f"{what}: {shown_path(path)}: {st.st_size:,} bytes is too large "
                    f"(at most {max_bytes:,})")
@@ -135,15 +137,6 @@ def read_text(what: str, path: str | Path, *, err: type[Exception] = FileError,
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _fail(what, path, exc, err) from None
-
-
-def is_file(path: str | Path) -> bool:
-    """Whether ``path`` names an existing regular file (through symlinks); ``False`` for
-    names the file system cannot hold, instead of an error."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False
 
 
 def exists(path: str | Path) -> bool:
@@ -333,6 +326,22 @@ def write_text(what: str, path: str | Path, text: str, *, mode: int | None = Non
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def check_dir(what: str, path: str | Path, *, err: type[Exception] = FileError) -> None:
+    """Refuse, before any work, an output folder that exists as something else, or whose
+    nearest existing parent is not a folder this process can write in."""
+    _check_path(what, path, err)
+    p = Path(path)
+    if os.path.lexists(p) and not p.is_dir():
+        msg = f"{what}: {shown_path(path)}: exists and is not a folder"
+        raise err(msg)
+    parent = p
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        msg = f"{what}: {shown_path(path)}: cannot create or write in it"
+        raise err(msg)
 
 
 def make_dir(what: str, path: str | Path, *, err: type[Exception] = FileError) -> Path:

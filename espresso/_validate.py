@@ -91,6 +91,44 @@ def mapping(field: str, value: Any, *, err: type[SpecError] = SpecError) -> Mapp
     return value
 
 
+def typed(field: str, value: Any, kind: str, *, err: type[SpecError] = SpecError) -> Any:
+    """``value`` checked against a type written as text, as dataclass annotations read:
+    ``int``, ``float`` (a real number, not NaN; infinity allowed, where it means "never"),
+    ``bool``, ``str``, ``tuple[K, ...]``, ``tuple[K1, K2]``, ``dict[str, K]``; a trailing
+    ``?`` allows null. For data read from files (a plan's estimate, benchmark rows)."""
+    if kind.endswith("?"):
+        return None if value is None else typed(field, value, kind[:-1], err=err)
+    if kind == "int":
+        return integer(field, value, err=err)
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            _raise(err, field, value, "a number")
+        return float(value)
+    if kind == "bool":
+        return boolean(field, value, err=err)
+    if kind == "str":
+        if not isinstance(value, str):
+            _raise(err, field, value, "a string")
+        return value
+    if kind.startswith("dict[str, "):
+        inner = kind.removeprefix("dict[str, ")[:-1]
+        return {str(k): typed(f"{field}[{k!r}]", x, inner, err=err)
+                for k, x in mapping(field, value, err=err).items()}
+    if kind.startswith("tuple["):
+        if not isinstance(value, (list, tuple)):
+            _raise(err, field, value, "a list")
+        parts = [p.strip() for p in kind.removeprefix("tuple[")[:-1].split(",")]
+        if parts[-1] == "...":
+            return tuple(typed(f"{field}[{i}]", x, parts[0], err=err)
+                         for i, x in enumerate(value))
+        if len(value) != len(parts):
+            _raise(err, field, value, f"a list of {len(parts)} items")
+        return tuple(typed(f"{field}[{i}]", x, k, err=err)
+                     for i, (x, k) in enumerate(zip(value, parts, strict=True)))
+    msg = f"internal: no check for field type {kind!r}"
+    raise TypeError(msg)
+
+
 def known_keys(
     where: str,
     data: Mapping[str, Any],

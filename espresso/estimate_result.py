@@ -22,47 +22,6 @@ RENT_REQUIRED = ("offer", "provider", "region", "instance_type", "gpu", "instanc
                  "hourly_usd")
 
 
-def _typed(where: str, value: Any, kind: str) -> Any:
-    """``value`` checked against a field type of this module (its annotation's text): the
-    estimate of a plan file is data from outside, and every report reads it."""
-    if kind.endswith("?") or kind.endswith(" | None"):
-        return None if value is None else _typed(where, value, kind.rstrip("?").removesuffix(
-            " | None"))
-    if kind == "int":
-        return v.integer(where, value, err=PlanError)
-    if kind == "float":  # a real number; inf stands for "never" (e.g. hours at confidence)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            msg = f"{where}: expected a number, got {value!r}"
-            raise PlanError(msg)
-        return float(value)
-    if kind == "bool":
-        return v.boolean(where, value, err=PlanError)
-    if kind == "str":
-        if not isinstance(value, str):
-            msg = f"{where}: expected a string, got {value!r}"
-            raise PlanError(msg)
-        return value
-    if kind.startswith("tuple[") or kind.startswith("dict[str, "):
-        inner = kind[kind.index("[") + 1:-1]
-        if kind.startswith("dict"):
-            m = v.mapping(where, value, err=PlanError)
-            val_kind = inner.removeprefix("str, ")
-            return {str(k): _typed(f"{where}[{k!r}]", x, val_kind) for k, x in m.items()}
-        if not isinstance(value, (list, tuple)):
-            msg = f"{where}: expected a list, got {value!r}"
-            raise PlanError(msg)
-        parts = [p.strip() for p in inner.split(",")]
-        if parts[-1] == "...":
-            return tuple(_typed(f"{where}[{i}]", x, parts[0]) for i, x in enumerate(value))
-        if len(value) != len(parts):
-            msg = f"{where}: expected a list of {len(parts)} items, got {value!r}"
-            raise PlanError(msg)
-        return tuple(_typed(f"{where}[{i}]", x, k) for i, (x, k) in
-                     enumerate(zip(value, parts, strict=True)))
-    msg = f"internal: no check for field type {kind!r}"
-    raise TypeError(msg)
-
-
 def _checked(where: str, cls: Any, data: Any, optional: tuple[str, ...] = (),
              special: tuple[str, ...] = ()) -> dict[str, Any]:
     """The fields of dataclass ``cls`` from ``data``, each checked against its type (those in
@@ -71,7 +30,7 @@ def _checked(where: str, cls: Any, data: Any, optional: tuple[str, ...] = (),
     names = [f.name for f in fields(cls)]
     v.known_keys(where, data, names, [n for n in names if n not in optional], err=PlanError)
     types = {f.name: str(f.type) for f in fields(cls)}
-    out = {k: x if k in special else _typed(f"{where}.{k}", x, types[k])
+    out = {k: x if k in special else v.typed(f"{where}.{k}", x, types[k], err=PlanError)
            for k, x in data.items()}
     for k, x in out.items():
         bad = [y for y in (x if isinstance(x, tuple) else (x,))
@@ -86,7 +45,7 @@ def _checked(where: str, cls: Any, data: Any, optional: tuple[str, ...] = (),
 def _rent_entry(where: str, value: Any) -> dict[str, Any]:
     data = v.mapping(where, value, err=PlanError)
     v.known_keys(where, data, tuple(RENT_KEYS), RENT_REQUIRED, err=PlanError)
-    out = {k: _typed(f"{where}.{k}", x, RENT_KEYS[k]) for k, x in data.items()}
+    out = {k: v.typed(f"{where}.{k}", x, RENT_KEYS[k], err=PlanError) for k, x in data.items()}
     if "market" in out:
         v.choice(f"{where}.market", out["market"], ("on-demand", "spot"), err=PlanError)
     return out

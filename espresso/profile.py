@@ -261,7 +261,12 @@ def _saved_bytes(torch: Any, fn: Callable[[], Any], params: set[int]) -> tuple[A
     return out, float(sum(seen.values()))
 
 
-def _torch_device(torch: Any, device: Any) -> Any:
+LIMITS = {"micro_batch_size": (1, 1 << 16), "seq_len": (1, 1 << 20), "warmup": (0, 10_000),
+          "repeats": (1, 10_000)}
+"""The sizes a profile may be measured at (inclusive)."""
+
+
+def resolve_device(torch: Any, device: Any) -> Any:
     """``device`` as a torch device this machine has (default: cuda when present, else cpu)."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -293,13 +298,12 @@ def profile_modules(block: Any, head: Any, loss_fn: Callable[[Any, Any], Any], *
     from ._optional import require
 
     torch = require("torch")
-    device = _torch_device(torch, device)
+    device = resolve_device(torch, device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    repeats = v.integer("repeats", repeats, minimum=1, maximum=10_000, err=ProfileError)
-    warmup = v.integer("warmup", warmup, minimum=0, maximum=10_000, err=ProfileError)
-    micro_batch_size = v.integer("micro_batch_size", micro_batch_size, minimum=1,
-                                 maximum=1 << 16, err=ProfileError)
-    seq_len = v.integer("seq_len", seq_len, minimum=1, maximum=1 << 20, err=ProfileError)
+    repeats, warmup, micro_batch_size, seq_len = (
+        v.integer(name, val, minimum=LIMITS[name][0], maximum=LIMITS[name][1], err=ProfileError)
+        for name, val in (("repeats", repeats), ("warmup", warmup),
+                          ("micro_batch_size", micro_batch_size), ("seq_len", seq_len)))
     try:
         block = block.to(device=device, dtype=dtype)
         head = head.to(device=device, dtype=dtype)

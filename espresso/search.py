@@ -368,9 +368,13 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                      + core.head_fwd_flops(dims, job.seq_len, 1))
     job_flops = float(job.num_iterations) * job.global_batch_size * per_seq
     prepared: list[tuple[float, int, Subproblem, list[GpuType], list[Any]]] = []
+    def stopped() -> bool:
+        # budget.share() never goes below MIN_SEARCH_S: ask whether the time is spent
+        return budget.spent or (progress is not None and progress.cancelled)
+
     unprepared = False  # the time limit ran out while the subproblems were being prepared
     for sp in subproblems(catalog, scope):
-        if budget.spent or (progress is not None and progress.cancelled):
+        if stopped():
             unprepared = True  # the rest is unknown: no bound on it but 0
             break
         rows = [catalog.gpus[i] for i in sp.rows]
@@ -465,10 +469,6 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
             if not st.complete:
                 retry.append((st.lower_bound, n))
         return bool(st.complete)
-
-    def stopped() -> bool:
-        # budget.share() never goes below MIN_SEARCH_S: ask whether the time is spent
-        return budget.spent or (progress is not None and progress.cancelled)
 
     live = [n for n, item in enumerate(prepared) if math.isfinite(item[0])]
     agg["pruned_deadline"] += len(prepared) - len(live)

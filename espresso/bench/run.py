@@ -184,44 +184,38 @@ def _order(planners: Iterable[str]) -> dict[str, int]:
 
 
 ROW_TYPES = {"suite": "str?", "cell": "int", "model": "str", "catalog": "str", "quota": "str?",
-             "tokens": "num?", "iterations": "num?", "seq_len": "int?",
-             "global_batch_size": "int?", "deadline_hours": "num", "planner": "str",
-             "found": "bool", "usd": "num?", "hours": "num?", "gap": "num?",
-             "proven": "bool?", "search_s": "num?", "error": "str?", "plan_file": "str?"}
+             "tokens": "float?", "iterations": "float?", "seq_len": "int?",
+             "global_batch_size": "int?", "deadline_hours": "float", "planner": "str",
+             "found": "bool", "usd": "float?", "hours": "float?", "gap": "float?",
+             "proven": "bool?", "search_s": "float?", "error": "str?", "plan_file": "str?"}
 """The row fields the report reads, and their JSON types (``?``: may be null)."""
 MAX_ROWS_BYTES = 1 << 30
 """``rows.jsonl`` larger than this is refused (10,000 cells of six planners are ~30 MB)."""
+_ROW_WORDS = {"str": "a string", "bool": "true or false", "int": "an integer",
+              "float": "a number"}
 
 
 def _check_row(where: str, row: Any) -> dict[str, Any]:
-    hint = "; is this the results folder of `espresso bench run`?"
-    if not isinstance(row, dict):
-        msg = f"{where}: expected a row (a JSON object), got {str(row)[:80]}{hint}"
-        raise SpecError(msg)
-    for key, kind in ROW_TYPES.items():
-        val = row.get(key)
-        if val is None and kind.endswith("?"):
-            continue
-        base = kind.rstrip("?")
-        ok = (isinstance(val, str) if base == "str" else isinstance(val, bool) if base == "bool"
-              else isinstance(val, int) and not isinstance(val, bool) if base == "int"
-              else isinstance(val, (int, float)) and not isinstance(val, bool))
-        if not ok:
-            what = "missing" if key not in row else f"{val!r}"[:60]
-            msg = f"{where}: field {key!r}: expected {_ROW_WORDS[base]}, got {what}{hint}"
+    try:
+        if not isinstance(row, dict):
+            msg = f"{where}: expected a row (a JSON object), got {str(row)[:80]}"
             raise SpecError(msg)
-    if row["found"] and row.get("usd") is None:
-        msg = f"{where}: a row with found: true has no usd{hint}"
-        raise SpecError(msg)
+        for key, kind in ROW_TYPES.items():
+            if key not in row and not kind.endswith("?"):
+                msg = f"{where}: field {key!r}: expected {_ROW_WORDS[kind]}, got missing"
+                raise SpecError(msg)
+            v.typed(f"{where}: field {key!r}", row.get(key), kind)
+        if row["found"] and row.get("usd") is None:
+            msg = f"{where}: a row with found: true has no usd"
+            raise SpecError(msg)
+    except SpecError as exc:
+        msg = f"{exc}; is this the results folder of `espresso bench run`?"
+        raise SpecError(msg) from None
     plan_file = row.get("plan_file")
     if plan_file is not None and (Path(plan_file).is_absolute() or ".." in Path(plan_file).parts):
         msg = f"{where}: plan_file {plan_file[:80]!r} is not a file inside the results folder"
         raise SpecError(msg)
-    return row
-
-
-_ROW_WORDS = {"str": "a string", "bool": "true or false", "int": "an integer",
-              "num": "a number"}
+    return dict(row)
 
 
 def read_rows(out: Path) -> list[dict[str, Any]]:

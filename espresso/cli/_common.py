@@ -146,13 +146,17 @@ def add_profile_arg(p: argparse.ArgumentParser) -> None:
                         "costs of GPU; repeatable")
 
 
-def write_json(what: str, path: str, data: Any) -> None:
-    """JSON to ``path`` (atomically), or to standard output for ``-``."""
-    text = json.dumps(data, indent=2) + "\n"
+def write_output(what: str, path: str, text: str) -> None:
+    """``text`` to ``path`` (atomically), or to standard output for ``-``."""
     if path == "-":
         sys.stdout.write(text)
     else:
         _io.write_text(what, path, text)
+
+
+def write_json(what: str, path: str, data: Any) -> None:
+    """JSON to ``path`` (atomically), or to standard output for ``-``."""
+    write_output(what, path, json.dumps(data, indent=2) + "\n")
 
 
 def port(text: str) -> int:
@@ -192,24 +196,6 @@ def note_threads(con: Console, asked: int | None, stats: Any) -> None:
     if 0 < stats.threads < wanted:
         con.print(f"[dim]Note: the system started only {stats.threads} of {wanted} search "
                   "threads (a memory or process limit); the search ran on those.[/]")
-
-
-def check_folder(what: str, path: str) -> None:
-    """Refuse, before the work, an output folder that exists as something else, or whose
-    nearest existing parent is not a writable folder."""
-    import os
-    from pathlib import Path
-
-    p = Path(path)
-    if os.path.lexists(p) and not p.is_dir():
-        msg = f"{what}: {_io.shown_path(path)}: exists and is not a folder"
-        raise SpecError(msg)
-    parent = p
-    while not os.path.lexists(parent) and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        msg = f"{what}: {_io.shown_path(path)}: cannot create or write in it"
-        raise SpecError(msg)
 
 
 def check_output(what: str, path: str | None) -> None:

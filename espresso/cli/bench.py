@@ -32,7 +32,7 @@ def _row_words(row: dict[str, Any]) -> str:
 def cmd_bench_run(args: argparse.Namespace) -> int:
     from ..bench import load_suite, report, run_suite
 
-    c.check_folder("--out", args.out)
+    _io.check_dir("--out", args.out, err=SpecError)
     suite = load_suite(args.suite)
     if args.time_limit is not None:
         suite.search["time_limit_s"] = v.number("--time-limit", args.time_limit, positive=True,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .. import _io
+from ..errors import SpecError
 from ..plan import Plan
 from . import _common as c
 
@@ -13,7 +15,7 @@ def cmd_export_skypilot(args: argparse.Namespace) -> int:
     from ..cloud.skypilot_export import export
     from ..estimate import estimate
 
-    c.check_folder("--out", args.out)
+    _io.check_dir("--out", args.out, err=SpecError)
     plan = Plan.from_json(args.plan)
     # A catalog given is read (and must be good) even when the plan's estimate makes it
     # unneeded: a wrong --catalog is never silently ignored.

@@ -18,7 +18,7 @@ from . import _common as c
 
 def cmd_launch(args: argparse.Namespace) -> int:
     if args.out_dir is not None:
-        c.check_folder("--out-dir", args.out_dir)
+        _io.check_dir("--out-dir", args.out_dir, err=LaunchError)
     plan = Plan.from_json(args.plan)
     check_runnable(plan)  # refuse here, once, what every rank would refuse
     if args.local:

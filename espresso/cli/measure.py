@@ -27,17 +27,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
     catalog = c.load_catalog(args.catalog)
     gpu = catalog.model_row(args.gpu)
     model = ModelSpec.load(args.model)
-    for flag, val, lo, hi in (("--micro-batch", args.micro_batch, 1, 1 << 16),
-                              ("--seq-len", args.seq_len, 1, 1 << 20),
-                              ("--warmup", args.warmup, 0, 10_000),
-                              ("--repeats", args.repeats, 1, 10_000)):
+    from ..profile import LIMITS, resolve_device
+
+    for flag, name, val in (("--micro-batch", "micro_batch_size", args.micro_batch),
+                            ("--seq-len", "seq_len", args.seq_len),
+                            ("--warmup", "warmup", args.warmup),
+                            ("--repeats", "repeats", args.repeats)):
+        lo, hi = LIMITS[name]
         if not lo <= val <= hi:
             msg = f"profile: {flag} {val} is out of range; expected {lo} to {hi:,}"
             raise EspressoError(msg)
     torch = require("torch")
-    from ..profile import _torch_device
-
-    _torch_device(torch, args.device)  # a device this machine lacks, refused before the work
+    resolve_device(torch, args.device)  # a device this machine lacks, refused before the work
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
              None: None}[args.dtype]
     if args.threads is not None:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
 from typing import Any
 
 from rich.markup import escape
 
-from .. import _io
 from .._optional import require
 from .._validate import load_yaml
 from ..catalog import Catalog
@@ -57,11 +55,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                                                 checkpoint_gbs=args.checkpoint_gbs))
     est = estimate(plan, catalog)
     if args.json:
-        text = replace(plan, estimate=est).to_json()
-        if args.json == "-":
-            sys.stdout.write(text)
-        else:
-            _io.write_text("--json", args.json, text)
+        c.write_output("--json", args.json, replace(plan, estimate=est).to_json())
     if args.json != "-":
         print_estimate(plan, est, c.console())
         if args.json:
@@ -280,10 +274,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _write_plan(plan: Plan, args: argparse.Namespace) -> None:
     """``--json OUT`` (``-``: standard output)."""
-    if args.json == "-":
-        sys.stdout.write(plan.to_json(stats=args.stats))
-    else:
-        plan.to_json(args.json, stats=args.stats)
+    c.write_output("--json", args.json, plan.to_json(stats=args.stats))
 
 
 def register(sub: Any) -> None:
