@@ -304,7 +304,7 @@ def test_ports_are_checked(port: str, tmp_path: Path, capsys: pytest.CaptureFixt
             main(argv)
         assert "expected a port from 1 to 65534" in capsys.readouterr().err
     assert main(["launch", str(EXAMPLE), "--hosts", str(hosts), "--port", "65534"]) == 0
-    from espresso.launch import LaunchError, load_hosts, torchrun_commands
+    from espresso.runner.launch import LaunchError, load_hosts, torchrun_commands
 
     with pytest.raises(LaunchError, match="master_port"):
         torchrun_commands("p.json", es.Plan.from_json(EXAMPLE), load_hosts(hosts), "t.py",

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import espresso as es
 from espresso import _core
 from espresso.errors import PlanError
-from espresso.launch import rank_layout
+from espresso.runner.launch import rank_layout
 
 MODEL = es.ModelSpec(name="m", num_layers=24, hidden_size=2048, num_heads=16, vocab_size=32000)
 JOB = es.Job(model=MODEL, seq_len=2048, global_batch_size=32, iterations=100, deadline_hours=100)
@@ -311,7 +311,7 @@ def test_a_deadline_only_interleaving_meets_is_pointed_out() -> None:
 def test_hosts_hold_each_gpu_group_once() -> None:
     """An interleaved plan needs its GPU groups' GPUs, not one set per stage: two A100 hosts
     of 4 hold pp 2 x tp 2 x dp 2 with three stages per group, and the ranks cover the world."""
-    from espresso.launch import Host, LaunchError, assign_hosts
+    from espresso.runner.launch import Host, LaunchError, assign_hosts
 
     p = plan(2, 3, m=16, tp=2)  # dp 2, 8 GPUs in all
     nodes = assign_hosts(p, [Host(address="a", gpu="A100-80GB", gpus=4),

@@ -11,7 +11,7 @@ from _helpers import make_plan
 
 import espresso as es
 from espresso.cli import main
-from espresso.launch import LaunchError, assign_hosts, hosts_from_dict, rank_layout
+from espresso.runner.launch import LaunchError, assign_hosts, hosts_from_dict, rank_layout
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "plans" / "llama2-7b-a100-l40s.json"
 

@@ -161,7 +161,7 @@ def write_json(what: str, path: str, data: Any) -> None:
 
 def port(text: str) -> int:
     """``--port``: a TCP port for the process group (torchrun's rendezvous takes the next)."""
-    from ..launch import MAX_PORT
+    from ..runner.launch import MAX_PORT
 
     try:
         value = int(text)

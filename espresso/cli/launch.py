@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import _io
 from .._optional import require
-from ..launch import LaunchError, check_runnable, load_hosts, torchrun_commands
+from ..runner.launch import LaunchError, check_runnable, load_hosts, torchrun_commands
 from ..plan import Plan
 from . import _common as c
 

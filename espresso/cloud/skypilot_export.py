@@ -23,7 +23,7 @@ import yaml
 
 from .. import _io
 from ..errors import PlanError
-from ..launch import Host, NodeAssignment, assign_hosts, node_command
+from ..runner.launch import Host, NodeAssignment, assign_hosts, node_command
 from ..plan import Plan
 
 CHECKPOINT_MOUNT = "/checkpoints"

@@ -25,8 +25,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._optional import require
-from .errors import PlanError
+from .._optional import require
+from ..errors import PlanError
 
 torch = require("torch")
 import torch.distributed as dist  # noqa: E402
@@ -41,8 +41,8 @@ from torch.distributed.checkpoint.state_dict_loader import load as _dcp_load  # 
 from torch.distributed.checkpoint.state_dict_saver import save as _dcp_save  # noqa: E402
 
 if TYPE_CHECKING:
-    from .plan import Plan
-    from .torch import StageRuntime
+    from ..plan import Plan
+    from .stage import StageRuntime
 
 _META = "espresso.json"
 _LATEST = "latest"

@@ -10,9 +10,9 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._optional import require
-from .errors import PlanError
-from .plan import Plan
+from .._optional import require
+from ..errors import PlanError
+from ..plan import Plan
 
 if TYPE_CHECKING:
     from torch import nn as _nn

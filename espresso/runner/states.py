@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._optional import require
-from .plan import Plan
+from .._optional import require
+from ..plan import Plan
 
 if TYPE_CHECKING:
     from torch import nn as _nn
