@@ -42,6 +42,7 @@ class ModelDims:
     def __init__(self) -> None: ...
 
 class GpuSpec:
+    def __copy__(self) -> GpuSpec: ...
     memory_gb: float
     memory_bytes: float
     tflops: float

@@ -1,6 +1,7 @@
-"""GpuType and Catalog: what the cloud offers, at what price, in what quantity.
+"""Catalog: what the cloud offers, at what price, in what quantity.
 
-A catalog is the finished table the search reads: one row (:class:`GpuType`) per rentable
+A catalog is the finished table the search reads: one row (:class:`GpuType`,
+:mod:`espresso.gpu_type`) per rentable
 offer, GPU specs joined in. Offers from cloud catalogs (provider, region, instance type) are
 resolved into rows by :mod:`espresso.cloud`; the plain GPU-type catalogs of the original
 contract are rows already (docs/catalog.md, "Offers")."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -19,219 +20,13 @@ import yaml
 
 from . import _io
 from . import _validate as v
-from ._native import core
+from .cloud.offers import Offer, offer_of
+from .cloud.skypilot import DEFAULT_GPUS_PER_OFFER, read_skypilot
+from .cloud.specs import SpecTable
 from .errors import CatalogError
+from .gpu_type import MARKETS, GpuType
 
-MARKETS = ("on-demand", "spot")
-"""How a row's instances are bought."""
-
-_REQUIRED = (
-    "name",
-    "memory_gb",
-    "bf16_tflops",
-    "mem_bandwidth_gbs",
-    "price_per_hour",
-    "count",
-    "gpus_per_node",
-    "intra_node_gbs",
-    "inter_node_gbs",
-)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GpuType:
-    """One GPU type of a catalog."""
-
-    name: str
-    """Unique key, e.g. ``A100-80GB``."""
-    memory_gb: float
-    """Memory per GPU in GB (1e9 bytes)."""
-    bf16_tflops: float
-    """Dense bf16 tensor-core peak in TFLOP/s (fp16 where the GPU has no bf16)."""
-    mem_bandwidth_gbs: float
-    """Device-memory bandwidth in GB/s."""
-    price_per_hour: float
-    """On-demand USD per GPU-hour."""
-    count: int
-    """How many of this type the user can get."""
-    gpus_per_node: int
-    """GPUs per node; a tensor-parallel group lives inside one node."""
-    intra_node_gbs: float
-    """Per-GPU, one-direction bandwidth inside a node (NVLink or PCIe), GB/s."""
-    inter_node_gbs: float
-    """Per-GPU, one-direction network bandwidth between nodes, GB/s."""
-    spot_price_per_hour: float | None = None
-    """Optional spot USD per GPU-hour."""
-    efficiency: float | None = None
-    """Optional achieved fraction of peak for matrix multiplies (measured: ``espresso
-    bench-gpu``); the cost model's default applies when absent."""
-    memory_bytes: float | None = None
-    """Optional capacity of one GPU in bytes as the driver reports it (``nvidia-smi``
-    memory.total: 81920 MiB for an "80 GB" A100); absent: ``memory_gb`` x 1e9."""
-    gpu: str | None = None
-    """The GPU model (a spec name such as ``A100-40GB``) when ``name`` is an offer's key;
-    ``None``: ``name`` itself."""
-    vendor: str | None = None
-    """The GPU's vendor (``NVIDIA``, ``AMD``): one plan never mixes collective backends.
-    ``None``: from the built-in spec table by the GPU's name, else NVIDIA."""
-    provider: str | None = None
-    """Cloud provider of the offer (``aws``, ``gcp``, ``lambda``); ``None`` for a plain
-    GPU-type row (one unnamed location shared by all such rows)."""
-    region: str | None = None
-    zones: tuple[str, ...] = ()
-    """Zones of the region where the data lists the instance type (empty: not listed)."""
-    instance_type: str | None = None
-    network_source: str | None = None
-    """Where the inter-instance network figure comes from (``assumption`` when no public
-    source states it)."""
-    market: str = "on-demand"
-    """``on-demand`` or ``spot``. A spot row's ``price_per_hour`` is the spot price; its
-    instances may be reclaimed (:mod:`espresso.cloud.spot` adds spot rows to a catalog)."""
-    interruptions_per_hour: float | None = None
-    """Interruptions per instance-hour; ``None``: the provider's default for a spot row
-    (espresso.cloud.spot.SPOT_DEFAULTS), 0 for an on-demand one."""
-    recovery_hours: float | None = None
-    """Hours until a reclaimed instance of this row is replaced; ``None``: the provider's
-    default for a spot row."""
-
-    def __post_init__(self) -> None:
-        err = CatalogError
-        set_ = object.__setattr__
-        name = v.string("gpu.name", self.name, err=err)
-        set_(self, "name", name)
-        where = f"gpu {name!r}"
-        set_(self, "memory_gb",
-             v.number(f"{where}: memory_gb", self.memory_gb, positive=True, err=err))
-        for f in ("bf16_tflops", "mem_bandwidth_gbs", "intra_node_gbs", "inter_node_gbs"):
-            # A floor far below any real device keeps every time finite in the core.
-            set_(self, f, v.number(f"{where}: {f}", getattr(self, f), positive=True,
-                                   minimum=1e-6, maximum=1e9, err=err))
-        if self.memory_gb > 1e5 or self.bf16_tflops > 1e6:
-            msg = (
-                f"{where}: memory_gb {self.memory_gb:g} or bf16_tflops {self.bf16_tflops:g} is "
-                "implausibly large (check the units: GB and TFLOP/s)"
-            )
-            raise CatalogError(msg)
-        set_(self, "price_per_hour",
-             v.number(f"{where}: price_per_hour", self.price_per_hour, minimum=0, maximum=1e6,
-                      err=err))
-        if self.spot_price_per_hour is not None:
-            set_(self, "spot_price_per_hour",
-                 v.number(f"{where}: spot_price_per_hour", self.spot_price_per_hour, minimum=0,
-                          err=err))
-        set_(self, "count",
-             v.integer(f"{where}: count", self.count, minimum=0, maximum=1 << 40, err=err))
-        set_(self, "gpus_per_node",
-             v.integer(f"{where}: gpus_per_node", self.gpus_per_node, minimum=1, maximum=1024,
-                       err=err))
-        if self.memory_bytes is not None:
-            set_(self, "memory_bytes", v.number(f"{where}: memory_bytes", self.memory_bytes,
-                                                positive=True, maximum=1e15, err=err))
-        if self.efficiency is not None:
-            eff = v.number(f"{where}: efficiency", self.efficiency, minimum=1e-6, maximum=1.0,
-                           err=err)
-            set_(self, "efficiency", eff)
-        for f in ("gpu", "vendor", "provider", "region", "instance_type", "network_source"):
-            if getattr(self, f) is not None:
-                set_(self, f, v.string(f"{where}: {f}", getattr(self, f), err=err))
-        zones = self.zones
-        if isinstance(zones, str) or not isinstance(zones, (list, tuple)):
-            msg = f"{where}: zones: expected a list of zone names, got {zones!r}"
-            raise CatalogError(msg)
-        set_(self, "zones", tuple(v.string(f"{where}: zones[]", z, err=err) for z in zones))
-        if self.vendor is None:
-            set_(self, "vendor", _default_vendor(self.model))
-        set_(self, "market", v.choice(f"{where}: market", self.market, MARKETS, err=err))
-        for f, top in (("interruptions_per_hour", 1e3), ("recovery_hours", 1e4)):
-            if getattr(self, f) is not None:
-                set_(self, f, v.number(f"{where}: {f}", getattr(self, f), minimum=0,
-                                       maximum=top, err=err))
-
-    @property
-    def model(self) -> str:
-        """The GPU model's name (``gpu``, or ``name`` for a plain GPU-type row)."""
-        return self.gpu or self.name
-
-    @property
-    def instance_price_per_hour(self) -> float:
-        """USD per hour of one whole instance (``gpus_per_node`` GPUs)."""
-        return self.price_per_hour * self.gpus_per_node
-
-    @property
-    def instances(self) -> int:
-        """Whole instances available (``count`` GPUs, rounded up)."""
-        return -(-self.count // self.gpus_per_node)
-
-    @property
-    def location(self) -> str:
-        """``provider/region`` of an offer; ``local`` for a plain GPU-type row."""
-        return f"{self.provider}/{self.region}" if self.provider else "local"
-
-    @property
-    def instance_label(self) -> str:
-        """The instance type, or ``N x <gpu> node`` for a plain GPU-type row."""
-        return self.instance_type or f"{self.gpus_per_node}x {self.model} node"
-
-    @classmethod
-    def from_dict(cls, data: Any) -> GpuType:
-        data = v.mapping("gpu", data, err=CatalogError)
-        where = f"gpu {data.get('name', '?')!r}"
-        v.known_keys(where, data, [f.name for f in fields(cls)], _REQUIRED, err=CatalogError)
-        return cls(**dict(data))
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["zones"] = list(self.zones)
-        if out["vendor"] == _default_vendor(self.model):
-            out["vendor"] = None
-        if out["market"] == "on-demand":
-            out["market"] = None
-        return {k: val for k, val in out.items() if val is not None and val != []}
-
-    def _spec(self) -> Any:
-        g = core.GpuSpec()
-        g.memory_gb = self.memory_gb
-        g.memory_bytes = self.memory_bytes or 0.0
-        g.tflops = self.bf16_tflops
-        g.mem_bandwidth_gbs = self.mem_bandwidth_gbs
-        g.intra_node_gbs = self.intra_node_gbs
-        g.inter_node_gbs = self.inter_node_gbs
-        g.efficiency = self.efficiency or 0.0
-        g.price_per_hour = self.price_per_hour
-        g.count = self.count
-        g.gpus_per_node = self.gpus_per_node
-        g.interruptions_per_hour = self.interruption_rate
-        g.recovery_hours = self.recovery
-        return g
-
-    @property
-    def is_spot(self) -> bool:
-        """Instances of this row may be reclaimed (a spot row, or a rate given)."""
-        return self.interruption_rate > 0
-
-    @property
-    def interruption_rate(self) -> float:
-        """Interruptions per instance-hour: the row's own, else the provider's spot default
-        for a spot row, else 0."""
-        if self.interruptions_per_hour is not None:
-            return self.interruptions_per_hour
-        if self.market != "spot":
-            return 0.0
-        from .cloud.spot import spot_defaults
-
-        return spot_defaults(self.provider).interruptions_per_hour
-
-    @property
-    def recovery(self) -> float:
-        """Hours to replace a reclaimed instance (the row's own or the provider's default)."""
-        if self.recovery_hours is not None:
-            return self.recovery_hours
-        if self.market != "spot" and self.interruptions_per_hour is None:
-            return 0.0
-        from .cloud.spot import spot_defaults
-
-        return spot_defaults(self.provider).recovery_hours
-
+__all__ = ["BUILTINS", "MARKETS", "Catalog", "GpuType"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Catalog:
@@ -368,9 +163,6 @@ class Catalog:
             raise CatalogError(msg)
         rows.extend(GpuType.from_dict(e) for e in entries)
         if "offers" in data or "specs" in data:
-            from .cloud.offers import Offer
-            from .cloud.specs import SpecTable
-
             specs = SpecTable.from_list(data.get("specs", []), base=SpecTable.builtin())
             offers = data.get("offers", [])
             if not isinstance(offers, list):
@@ -392,9 +184,7 @@ class Catalog:
         as ``PROVIDER=FILE``), filtered by providers, regions (shell patterns) and GPU models.
         Rows that cannot become offers are counted in ``notes``, never guessed. Each offer's
         availability is the instances holding ``gpus_per_offer`` GPUs (default 32): an
-        assumption stated in ``notes``; set quotas with :func:`espresso.cloud.apply_quota`."""
-        from .cloud.skypilot import DEFAULT_GPUS_PER_OFFER, read_skypilot
-
+        assumption stated in ``notes``; set quotas with :func:`espresso.cloud.quota.apply_quota`."""
         items = [paths] if isinstance(paths, (str, Path)) else list(paths)
         per = DEFAULT_GPUS_PER_OFFER if gpus_per_offer is None else gpus_per_offer
         read = read_skypilot(items, providers=providers, regions=regions, gpus=gpus,
@@ -403,8 +193,6 @@ class Catalog:
             detail = "; ".join(read.summary()) or "no GPU rows passed the filters"
             msg = f"skypilot catalog {', '.join(map(str, items))}: no offers ({detail})"
             raise CatalogError(msg)
-        from .cloud.specs import SpecTable
-
         specs = SpecTable.builtin()
         notes = (f"SkyPilot catalog: {', '.join(map(str, items))} ({len(read.offers)} offers "
                  f"from {read.rows} GPU rows)",
@@ -422,9 +210,6 @@ class Catalog:
             out["gpus"] = plain
         offers = [g for g in self.gpus if g.provider]
         if offers:
-            from .cloud.offers import offer_of
-            from .cloud.specs import SpecTable
-
             builtin = SpecTable.builtin()
             specs: dict[str, dict[str, Any]] = {}
             for g in offers:
@@ -445,6 +230,23 @@ class Catalog:
         return out
 
     @classmethod
+    def open(cls, source: str | None) -> Catalog:
+        """A catalog as ``--catalog`` names it: a YAML/JSON file, ``skypilot:FILE[,FILE...]``
+        (SkyPilot vms.csv files, each named after its provider or written PROVIDER=FILE),
+        ``builtin:NAME``, or ``None`` for the built-in cloud snapshot."""
+        if source is None:
+            return cls.builtin()
+        if source.startswith("builtin:"):
+            return cls.builtin(source.removeprefix("builtin:"))
+        if source.startswith("skypilot:"):
+            files = [f for f in source.removeprefix("skypilot:").split(",") if f]
+            if not files:
+                msg = "--catalog skypilot:FILE[,FILE...]: no file given"
+                raise CatalogError(msg)
+            return cls.from_skypilot(files)
+        return cls.load(source)
+
+    @classmethod
     def load(cls, path: str | Path) -> Catalog:
         """Read a catalog from a YAML or JSON file."""
         # YAML parses JSON documents as well.
@@ -460,17 +262,6 @@ class Catalog:
 
     def _specs(self) -> list[Any]:
         return [g._spec() for g in self.gpus]
-
-
-@cache
-def _spec_vendors() -> dict[str, str]:
-    text = resources.files("espresso").joinpath("data/gpu_specs.yaml").read_text()
-    data = yaml.safe_load(text)
-    return {str(row["name"]): str(row["vendor"]) for row in data["specs"]}
-
-
-def _default_vendor(model: str) -> str:
-    return _spec_vendors().get(model, "NVIDIA")
 
 
 BUILTINS = {"cloud": "offers.json", "gpus": "catalog.yaml"}

@@ -2,28 +2,81 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
 
 from ._native import core
 from .catalog import Catalog
-from .cloud.domains import apply_crossing
+from .cloud.spot import with_spot
 from .cost import CostParams
 from .errors import PlanError, SpecError
 from .estimate_result import GB, Estimate, SpotEstimate, StageEstimate
 from .job import Job
-from .profile import apply_profiles, as_profiles
+from .profile import Profile, as_profiles
+from .table import Table
 
-if TYPE_CHECKING:
-    from .plan import Plan
+__all__ = ["Estimate", "PlanLike", "StageEstimate", "estimate"]
 
-__all__ = ["Estimate", "StageEstimate", "estimate"]
+
+class StageLike(Protocol):
+    """What the estimate reads of a stage (:class:`espresso.plan.Stage`)."""
+
+    @property
+    def gpu(self) -> str: ...
+    @property
+    def offer(self) -> str | None: ...
+    @property
+    def market(self) -> str: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def layers(self) -> tuple[int, int]: ...
+
+
+class PlanLike(Protocol):
+    """What the estimate reads of a plan: the fields of :class:`espresso.plan.Plan`. The
+    cost model sits below the plan class (``Plan.with_estimate`` calls it), so it knows plans
+    by their shape, never by importing them (docs/development.md, "Layers")."""
+
+    @property
+    def job(self) -> Job: ...
+    @property
+    def stages(self) -> Sequence[StageLike]: ...
+    @property
+    def dp(self) -> int: ...
+    @property
+    def micro_batch_size(self) -> int: ...
+    @property
+    def num_microbatches(self) -> int: ...
+    @property
+    def num_stages(self) -> int: ...
+    def device_stages(self, group: int) -> tuple[int, ...]: ...
+    @property
+    def virtual_stages(self) -> int: ...
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def recompute(self) -> str: ...
+    @property
+    def sharding(self) -> str: ...
+    @property
+    def sequence_parallel(self) -> bool: ...
+    @property
+    def cost_model(self) -> CostParams: ...
+    @property
+    def profiles(self) -> Mapping[str, Profile]: ...
+    @property
+    def domain(self) -> Mapping[str, Any] | None: ...
+    @property
+    def estimate(self) -> Estimate | None: ...
 
 RECOMPUTE_CORE = {"none": core.Recompute.NONE, "full": core.Recompute.FULL,
                   "selective": core.Recompute.SELECTIVE}
 SHARDING_CORE = {"none": core.Sharding.NONE, "zero1": core.Sharding.ZERO1,
                  "zero2": core.Sharding.ZERO2, "fsdp": core.Sharding.FULL}
 
-def _workload(plan: Plan) -> Any:
+def _workload(plan: PlanLike) -> Any:
     job = plan.job
     w = core.Workload()
     w.seq_len = job.seq_len
@@ -46,10 +99,8 @@ def _workload(plan: Plan) -> Any:
     return w
 
 
-def _with_recorded_terms(catalog: Catalog, plan: Any) -> Catalog:
+def _with_recorded_terms(catalog: Catalog, plan: PlanLike) -> Catalog:
     """Spot rows with the interruption rate and recovery the plan's estimate recorded."""
-    from dataclasses import replace
-
     terms = {r["offer"]: r for r in (plan.estimate.rent if plan.estimate is not None else ())
              if r.get("market") == "spot" and "interruptions_per_hour" in r}
     if not terms:
@@ -95,7 +146,7 @@ def _range(layers: tuple[int, int]) -> str:
     return f"[{layers[0]}, {layers[1]})"
 
 
-def _reason(issue: Any, plan: Plan, names: list[str], res: Any, catalog: Catalog) -> str:
+def _reason(issue: Any, plan: PlanLike, names: list[str], res: Any, catalog: Catalog) -> str:
     kind = core.IssueKind
     k = issue.kind
     if issue.stage >= 0:
@@ -162,7 +213,25 @@ def _reason(issue: Any, plan: Plan, names: list[str], res: Any, catalog: Catalog
     return f"{where}: {k.name}"  # pragma: no cover - every kind is handled above
 
 
-def estimate(plan: Plan, catalog: Catalog | None = None, *,
+def _catalog_of(plan: PlanLike, catalog: Catalog | Table | None) -> Catalog:
+    """The catalog given, else the built-in one the plan was made with."""
+    if isinstance(catalog, Catalog):
+        return catalog
+    if catalog is not None:
+        msg = f"catalog: expected a Catalog or a Table, got {type(catalog).__name__}"
+        raise SpecError(msg)
+    # Plans that name offers come from the cloud snapshot; older plans (GPU types only)
+    # from the GPU-type reference catalog they were made with.
+    catalog = Catalog.builtin("cloud" if any(st.offer and "/" in st.offer
+                                             for st in plan.stages) else "gpus")
+    if any(st.market == "spot" for st in plan.stages):
+        # The interruption terms the plan was made with (its rent list), else the
+        # providers' defaults.
+        catalog = _with_recorded_terms(with_spot(catalog), plan)
+    return catalog
+
+
+def estimate(plan: PlanLike, catalog: Catalog | Table | None = None, *,
              cost_model: CostParams | None = None, profiles: Any = None) -> Estimate:
     """Estimate time, memory and cost of ``plan`` on ``catalog`` (the built-in one by default).
 
@@ -173,6 +242,8 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
     catalog
         Rows the stages name; when omitted, the built-in cloud snapshot for a plan whose
         stages name offers, else the built-in GPU-type catalog (``Catalog.builtin("gpus")``).
+        A :class:`~espresso.table.Table` already resolved for the plan's model, cost model
+        and profiles (the search's) is read as it is; one resolved otherwise is not used.
     cost_model
         Constants of the cost model; the plan's own (``plan.cost_model``) when omitted.
     profiles
@@ -196,18 +267,10 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
             and hasattr(plan, "num_microbatches")):
         msg = f"estimate: expected a Plan, got {type(plan).__name__}"
         raise PlanError(msg)
-    if catalog is None:
-        # Plans that name offers come from the cloud snapshot; older plans (GPU types only)
-        # from the GPU-type reference catalog they were made with.
-        catalog = Catalog.builtin("cloud" if any(st.offer and "/" in st.offer
-                                                 for st in plan.stages) else "gpus")
-        if any(st.market == "spot" for st in plan.stages):
-            from .cloud.spot import with_spot
-
-            # The interruption terms the plan was made with (its rent list), else the
-            # providers' defaults.
-            catalog = _with_recorded_terms(with_spot(catalog), plan)
+    table = catalog if isinstance(catalog, Table) else None
+    catalog = _catalog_of(plan, table.catalog if table is not None else catalog)
     params = plan.cost_model if cost_model is None else cost_model
+
     # Only the catalog rows the plan uses travel to the core.
     names: list[str] = []
     keys: list[str] = []
@@ -221,14 +284,16 @@ def estimate(plan: Plan, catalog: Catalog | None = None, *,
         if row.name not in names:
             names.append(row.name)
     rows = [catalog[n] for n in names]
-    specs = [g._spec() for g in rows]
+    profs = plan.profiles if profiles is None else as_profiles(profiles)
+    if table is None or not table.serves(plan.job.model, params, profs,
+                                         [g.model for g in rows]):
+        table = Table(catalog, plan.job.model, params, profs)
     # A plan spanning zones or regions: links between instances at most the domain's
     # cross-location figure (docs/catalog.md, "Scopes").
     dom = plan.domain or {}
-    apply_crossing(specs, rows, float(dom["cross_link_gbps"])
-                   if dom.get("spans") and dom.get("cross_link_gbps") else None)
-    profiles = plan.profiles if profiles is None else as_profiles(profiles)
-    apply_profiles(specs, names, catalog, plan.job.model, params, profiles)
+    specs = table.specs([catalog.index(n) for n in names],
+                        float(dom["cross_link_gbps"])
+                        if dom.get("spans") and dom.get("cross_link_gbps") else None)
     core_stages = [
         core.StageSpec(names.index(k), st.tp, st.layers[0], st.layers[1])
         for k, st in zip(keys, plan.stages, strict=True)

@@ -19,6 +19,7 @@ from .catalog import Catalog
 from .errors import SpecError
 from .estimate import estimate
 from .plan import Plan, Stage
+from .table import Table
 
 DEFAULT_VIRTUAL_STAGES = (2, 3, 4)
 """Chunks per GPU group the search tries on its plans (``search(virtual_stages=...)``)."""
@@ -63,7 +64,7 @@ def rank_key(est: Any, objective: str) -> tuple[float, float]:
     return (est.total_usd, est.total_hours)
 
 
-def interleave(plan: Plan, catalog: Catalog | None = None, *,
+def interleave(plan: Plan, catalog: Catalog | Table | None = None, *,
                virtual_stages: tuple[int, ...] = DEFAULT_VIRTUAL_STAGES,
                objective: str = "cost", budget_usd: float | None = None,
                enforce_deadline: bool = True) -> Plan:

@@ -2,28 +2,28 @@
 
 from __future__ import annotations
 
-import collections
 import functools
 import math
 import os
-import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from . import _validate as v
 from ._native import core
 from .catalog import Catalog, GpuType
-from .cloud.domains import SCOPES, Subproblem, apply_crossing, locations_of, subproblems
+from .cloud.domains import SCOPES, locations_of, subproblems
 from .cost import CostParams
 from .errors import EspressoError, SpecError
 from .estimate import RECOMPUTE_CORE, SHARDING_CORE, _workload, estimate
 from .interleave import DEFAULT_VIRTUAL_STAGES, interleave, rank_key
 from .job import Job
 from .plan import RECOMPUTE, SCHEDULES, SHARDING, Plan, Stage
-from .profile import apply_profiles, as_profiles
+from .profile import as_profiles
 from .progress import DEFAULT_TIME_LIMIT_S, SearchProgress, TimeBudget
+from .scheduler import Outcome, Scheduler, Solved, Task, shared_incumbent
+from .table import Table
 from .units import format_hours as _hours
 
 PRUNING_RULES = ("cost", "deadline", "memory", "dominance")
@@ -208,7 +208,7 @@ def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | 
     return o
 
 
-def _job_workload(job: Job, sp: Subproblem | None = None, *,
+def _job_workload(job: Job, sp: Any = None, *,
                   sequence_parallel: bool = False) -> Any:
     w = core.Workload()
     w.sequence_parallel = sequence_parallel
@@ -250,9 +250,9 @@ def _stage(row: GpuType, tp: int, layers: tuple[int, int]) -> Stage:
                  offer=row.name if row.provider or row.name != row.model else None)
 
 
-def _to_plan(sp: Any, job: Job, catalog: Catalog, rows: Sequence[GpuType], cost: CostParams,
-             stats: dict[str, Any] | None, profiles: dict[str, Any],
-             domain: dict[str, Any] | None) -> Plan:
+def _to_plan(sp: Any, job: Job, table: Table, rows: Sequence[GpuType],
+             stats: dict[str, Any] | None, domain: dict[str, Any] | None) -> Plan:
+    """A core plan as a Plan, with its estimate on the search's own table."""
     w = sp.work
     stages = tuple(_stage(rows[s.gpu], s.tp, (s.layer_begin, s.layer_end)) for s in sp.stages)
     plan = Plan(job=job, stages=stages, dp=w.dp, micro_batch_size=w.micro_batch_size,
@@ -261,10 +261,10 @@ def _to_plan(sp: Any, job: Job, catalog: Catalog, rows: Sequence[GpuType], cost:
                 recompute=_NAMES[w.recompute], sharding=_NAMES[w.sharding],
                 # Only where it does something: a stage split over TP ranks.
                 sequence_parallel=bool(w.sequence_parallel) and any(st.tp > 1 for st in stages),
-                cost_model=cost, stats=stats,
-                domain=domain,
-                profiles={g: p for g, p in profiles.items() if any(st.gpu == g for st in stages)})
-    est = estimate(plan, catalog)
+                cost_model=table.cost, stats=stats, domain=domain,
+                profiles={g: p for g, p in table.profiles.items()
+                          if any(st.gpu == g for st in stages)})
+    est = estimate(plan, table)
     # The search optimised exactly what estimate() reports.
     assert est.iteration_s == sp.estimate.iteration_s, (est.iteration_s, sp.estimate.iteration_s)
     return replace(plan, estimate=est)
@@ -338,27 +338,104 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         recompute=recompute, schedule=schedule, enforce_deadline=enforce_deadline,
         prune=prune, max_gpu_types=max_gpu_types, sharding=sharding,
         virtual_stages=virtual_stages, min_tp=min_tp, even_split=even_split)
-    if isinstance(interleave_after, (str, bytes)) or not isinstance(interleave_after, Sequence):
-        msg = f"interleave_after: expected a list of integers >= 2, got {interleave_after!r}"
-        raise SpecError(msg)
-    chunks = tuple(v.integer("interleave_after[]", x, minimum=2, maximum=64)
-                   for x in interleave_after)
+    chunks = _interleave_chunks(interleave_after)
     opts = options(time_limit_s=time_limit_s, threads=threads)
-    if sequence_parallel is None:
-        # Sequence parallelism only removes work and memory in the cost model (the same
-        # traffic as the all-reduces it replaces), so it is on wherever the runner can run
-        # it: every TP width the search may pick (powers of two up to max_tp) divides seq_len.
-        widest = 1 << (opts.max_tp.bit_length() - 1)
-        sequence_parallel = job.seq_len % widest == 0
-    sequence_parallel = v.boolean("sequence_parallel", sequence_parallel)
+    sequence_parallel = _sequence_parallel(sequence_parallel, job, opts.max_tp)
     if progress is not None:
         if not isinstance(progress, SearchProgress):
             msg = f"progress: expected a SearchProgress, got {type(progress).__name__}"
             raise SpecError(msg)
         opts.monitor = progress._start(phase, objective)
-    profs = as_profiles(profiles)
+    table = Table(catalog, job.model, cost, as_profiles(profiles))
     budget = TimeBudget.of(time_limit_s)
-    by_cost = opts.objective == core.Objective.COST
+
+    def stopped() -> bool:
+        # budget.share() never goes below MIN_SEARCH_S: ask whether the time is spent
+        return budget.spent or (progress is not None and progress.cancelled)
+
+    # 1. The subproblems, best bound first.
+    tasks, total, unprepared = _tasks(job, table, scope, by_cost=objective == "cost",
+                                      cut_deadline=enforce_deadline and opts.prune_deadline,
+                                      stopped=stopped)
+
+    # 2. Their searches, scheduled over the threads with one incumbent.
+    shared = shared_incumbent(top_k)
+    dims, core_cost = job.model._dims(), cost._core()
+
+    def solve(task: Task, limit: float | None, threads_each: int, incumbent: float) -> Solved:
+        sp, rows, specs = task.payload
+        o = options(time_limit_s=None, threads=threads_each)
+        o.monitor = opts.monitor
+        o.shared = shared
+        # A domain that spans locations also returns plans in one location, which are not
+        # kept (their own subproblem prices them): its plans must not set the incumbent.
+        o.share_plans = not sp.spans
+        o.time_limit_s = 0.0 if limit is None else max(limit, 1e-3)
+        o.incumbent = incumbent
+        try:
+            res = core.search(dims, specs, core_cost,
+                              _job_workload(job, sp, sequence_parallel=sequence_parallel), o)
+        except ValueError as exc:
+            msg = f"search: {exc}"
+            raise SpecError(msg) from None
+        kept = [((p.objective, *_plan_key(p)), p) for p in res.plans
+                # one location: its own subproblem prices it exactly
+                if not (sp.spans and locations_of([rows[s.gpu] for s in p.stages],
+                                                  sp.spans) == 1)]
+        return Solved(stats=res.stats, plans=kept)
+
+    outcome = Scheduler(tasks=tasks, solve=solve, top_k=top_k, threads=opts.threads,
+                        budget=budget, stopped=stopped, shared=shared,
+                        on_error=opts.monitor.cancel if opts.monitor is not None else None,
+                        ).run(unprepared=unprepared)
+
+    # 3. What the search proved, and its best plans as Plans.
+    stats = _search_stats(outcome, objective=objective, subproblems=total,
+                          seconds=time.perf_counter() - started,
+                          interrupted=progress is not None and progress.cancelled,
+                          domain=tasks[outcome.found[0][2]].payload[0].label
+                          if outcome.found else None)
+    show_domain = catalog.has_offers or len(tasks) > 1
+    plans = []
+    for i, (_, p, n) in enumerate(outcome.found):
+        sp, rows, _ = tasks[n].payload
+        plans.append(_to_plan(p, job, table, rows, {**stats.to_dict(), "rank": i + 1},
+                              sp.domain(scope) if show_domain or sp.spans else None))
+
+    # 4. Interleaved where that is better: a refinement outside the proof.
+    if chunks:
+        plans = [interleave(p, table, virtual_stages=chunks, budget_usd=budget_usd,
+                            objective=objective, enforce_deadline=enforce_deadline)
+                 for p in plans]
+        plans.sort(key=lambda p: rank_key(p.estimate, objective))
+        plans = [replace(p, stats={**(p.stats or {}), "rank": i + 1}) for i, p in enumerate(plans)]
+    return SearchResult(plans=plans, stats=stats)
+
+
+def _interleave_chunks(interleave_after: Sequence[int]) -> tuple[int, ...]:
+    if isinstance(interleave_after, (str, bytes)) or not isinstance(interleave_after, Sequence):
+        msg = f"interleave_after: expected a list of integers >= 2, got {interleave_after!r}"
+        raise SpecError(msg)
+    return tuple(v.integer("interleave_after[]", x, minimum=2, maximum=64)
+                 for x in interleave_after)
+
+
+def _sequence_parallel(sequence_parallel: bool | None, job: Job, max_tp: int) -> bool:
+    if sequence_parallel is None:
+        # Sequence parallelism only removes work and memory in the cost model (the same
+        # traffic as the all-reduces it replaces), so it is on wherever the runner can run
+        # it: every TP width the search may pick (powers of two up to max_tp) divides seq_len.
+        widest = 1 << (max_tp.bit_length() - 1)
+        sequence_parallel = job.seq_len % widest == 0
+    return v.boolean("sequence_parallel", sequence_parallel)
+
+
+def _tasks(job: Job, table: Table, scope: str, *, by_cost: bool, cut_deadline: bool,
+           stopped: Callable[[], bool]) -> tuple[list[Task], int, bool]:
+    """The catalog's (domain, vendor) subproblems as tasks, best bound first, those with the
+    same content as an earlier one left out; also how many there were, and whether the time
+    ran out while they were being prepared (the rest then has no bound but 0)."""
+    cost = table.cost
     dims = job.model._dims()
     # FLOPs of the whole job at the least work per sequence (no recomputation; flash
     # attention's causal half skipped): a bound on every plan's compute, for the bounds that
@@ -367,27 +444,20 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                                                                     job.seq_len, 1)
                      + core.head_fwd_flops(dims, job.seq_len, 1))
     job_flops = float(job.num_iterations) * job.global_batch_size * per_seq
-    prepared: list[tuple[float, int, Subproblem, list[GpuType], list[Any]]] = []
-    def stopped() -> bool:
-        # budget.share() never goes below MIN_SEARCH_S: ask whether the time is spent
-        return budget.spent or (progress is not None and progress.cancelled)
-
-    unprepared = False  # the time limit ran out while the subproblems were being prepared
-    for sp in subproblems(catalog, scope):
+    prepared: list[tuple[float, int, Task]] = []
+    unprepared = False
+    for sp in subproblems(table.catalog, scope):
         if stopped():
-            unprepared = True  # the rest is unknown: no bound on it but 0
+            unprepared = True
             break
-        rows = [catalog.gpus[i] for i in sp.rows]
-        names = [g.name for g in rows]
-        specs = [g._spec() for g in rows]
-        apply_profiles(specs, names, catalog, job.model, cost, profs)
-        apply_crossing(specs, rows, sp.crossing.link_gbps if sp.crossing else None)
-        rates = [sp_.tflops * 1e12 * (sp_.efficiency or cost.efficiency) * cost.sustained_fraction
-                 / min(sp_.block_fwd_scale, sp_.block_bwd_scale, sp_.head_fwd_scale,
-                       sp_.head_bwd_scale) for sp_ in specs]
+        rows = [table.catalog.gpus[i] for i in sp.rows]
+        specs = table.specs(sp.rows, sp.crossing.link_gbps if sp.crossing else None)
+        rates = [s.tflops * 1e12 * (s.efficiency or cost.efficiency) * cost.sustained_fraction
+                 / min(s.block_fwd_scale, s.block_bwd_scale, s.head_fwd_scale,
+                       s.head_bwd_scale) for s in specs]
         total_rate = sum(g.count * r for g, r in zip(rows, rates, strict=True))
         hours = job_flops / (3600.0 * total_rate) if total_rate > 0 else math.inf
-        if enforce_deadline and opts.prune_deadline and hours > job.deadline_hours * (1 + 1e-9):
+        if cut_deadline and hours > job.deadline_hours * (1 + 1e-9):
             bound = math.inf  # even every GPU of the domain at full rate misses the deadline
         elif by_cost:
             bound = min((job_flops / 3600.0 * g.price_per_hour / r
@@ -395,194 +465,41 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                         default=math.inf)
         else:
             bound = hours
-        prepared.append((bound, len(prepared), sp, rows, specs))
+        prepared.append((bound, len(prepared), Task(bound=bound, payload=(sp, rows, specs))))
     prepared.sort(key=lambda t: (t[0], t[1]))
     # Subproblems with the same content (same prices, GPUs, links, counts: e.g. a provider
     # that prices every region alike) have the same best plans: only the first is searched.
-    seen_content: set[tuple[Any, ...]] = set()
-    unique = []
-    for item in prepared:
-        content = (item[2].crossing, tuple(
+    seen: set[tuple[Any, ...]] = set()
+    tasks = []
+    for _, _, task in prepared:
+        sp, rows, specs = task.payload
+        content = (sp.crossing, tuple(
             (g.model, g.instance_type, g.gpus_per_node, g.price_per_hour, g.count,
-             g.intra_node_gbs, g.inter_node_gbs, g.efficiency) for g in item[3]),
-            tuple((s_.block_fwd_scale, s_.block_bwd_scale, s_.head_fwd_scale,
-                   s_.head_bwd_scale, s_.activation_scale) for s_ in item[4]))
-        if content not in seen_content:
-            seen_content.add(content)
-            unique.append(item)
-    total_subproblems = len(prepared)
-    prepared = unique
-    found: list[tuple[tuple[Any, ...], Any, Subproblem, list[GpuType]]] = []
-    agg = {k: 0 for k in ("nodes_expanded", "nodes_generated", "pruned_cost", "pruned_deadline",
-                          "pruned_memory", "pruned_availability", "pruned_dominance",
-                          "leaves_placed", "placer_nodes", "placer_leaves", "dives", "combos")}
-    peak = 0
-    searched: set[int] = set()
-    threads_used = 0  # the most threads any search ran on (fewer if some could not start)
-    lock = threading.Lock()
-    # Subproblems searched side by side share their best plan's objective (top_k = 1).
-    shared = core.SharedIncumbent() if top_k == 1 else None
+             g.intra_node_gbs, g.inter_node_gbs, g.efficiency) for g in rows),
+            tuple((s.block_fwd_scale, s.block_bwd_scale, s.head_fwd_scale,
+                   s.head_bwd_scale, s.activation_scale) for s in specs))
+        if content not in seen:
+            seen.add(content)
+            tasks.append(task)
+    return tasks, len(prepared), unprepared
 
-    def kth() -> float:
-        best = found[top_k - 1][0][0] if len(found) >= top_k else math.inf
-        return min(best, shared.value) if shared is not None else best
 
-    # Pass 1 gives each subproblem a fair share of the time left (so one hard domain cannot
-    # starve the others; the leading ones, the best bounds, at least half of it); pass 2
-    # returns to those a share did not finish, best bound first, with the incumbent of all.
-    retry: list[tuple[float, int]] = []
-    out_of_time = False
-
-    def run(n: int, limit: float | None, threads_each: int) -> bool:
-        """Search subproblem n; False when it did not finish."""
-        nonlocal peak, threads_used
-        _, _, sp, rows, specs = prepared[n]
-        o = options(time_limit_s=None, threads=threads_each)
-        o.monitor = opts.monitor
-        o.shared = shared
-        # A domain that spans locations also returns plans in one location, which are not
-        # kept (their own subproblem prices them): its plans must not set the incumbent.
-        o.share_plans = not sp.spans
-        o.time_limit_s = 0.0 if limit is None else max(limit, 1e-3)
-        with lock:
-            o.incumbent = kth()
-        try:
-            work = _job_workload(job, sp, sequence_parallel=sequence_parallel)
-            res = core.search(dims, specs, cost._core(), work, o)
-        except ValueError as exc:
-            msg = f"search: {exc}"
-            raise SpecError(msg) from None
-        st = res.stats
-        with lock:
-            searched.add(n)
-            for k in agg:
-                agg[k] += getattr(st, k)
-            peak = max(peak, st.frontier_peak)
-            threads_used = max(threads_used, st.threads)
-            for p in res.plans:
-                used = [rows[s_.gpu] for s_ in p.stages]
-                if sp.spans and locations_of(used, sp.spans) == 1:
-                    continue  # one location: its own subproblem prices it exactly
-                found.append(((p.objective, n, *_plan_key(p)), p, sp, rows))
-            found.sort(key=lambda t: t[0])
-            del found[top_k:]
-            if not st.complete:
-                retry.append((st.lower_bound, n))
-        return bool(st.complete)
-
-    live = [n for n, item in enumerate(prepared) if math.isfinite(item[0])]
-    agg["pruned_deadline"] += len(prepared) - len(live)
-    # Side by side when there are more subproblems than threads (a cloud snapshot): one per
-    # thread, each searched single-threaded (no contention on one frontier; the shared
-    # incumbent cuts every search as soon as any finds a plan). A few (the vendors of a
-    # GPU-type catalog) are searched one after another with every thread.
-    workers = opts.threads if shared is not None and len(live) > opts.threads else 1
-    queue = collections.deque(live)
-    qlock = threading.Lock()
-    begun = [0]  # subproblems taken from the queue
-
-    def work(threads_each: int) -> None:
-        nonlocal out_of_time
-        while True:
-            with qlock:
-                if not queue:
-                    return
-                n = queue.popleft()
-                remaining = len(queue) + 1
-                lead = begun[0] < workers  # among the most promising: one per worker
-                begun[0] += 1
-            with lock:
-                cut = prepared[n][0] > kth() * (1 + 1e-9)
-                if cut:
-                    agg["pruned_cost"] += 1
-            if cut:
-                continue
-            if stopped():
-                with lock:
-                    out_of_time = True
-                    retry.append((prepared[n][0], n))
-                continue
-            left = budget.share(1.0)
-            # The leading subproblems (the best bounds) get at least half of what is left:
-            # a short limit split evenly over a hundred regions lets none finish, while the
-            # first one's proven plan usually cuts all the others at once.
-            share = None
-            if left is not None:
-                fair = left * workers / remaining
-                share = min(left, max(fair, 0.5 * left) if lead else fair)
-            run(n, share, threads_each)
-
-    if workers == 1:
-        work(opts.threads)
-    else:
-        errors: list[BaseException] = []
-
-        def worker() -> None:
-            try:
-                work(1)
-            except BaseException as exc:  # re-raised in the caller's thread below
-                errors.append(exc)
-                if opts.monitor is not None:
-                    opts.monitor.cancel()  # stop the other searches too
-
-        # This thread is one worker. A thread the system cannot start (a memory or process
-        # limit) is done without: the others take its share of the queue.
-        pool: list[threading.Thread] = []
-        for i in range(workers - 1):
-            t_ = threading.Thread(target=worker, name=f"espresso-domain-{i}")
-            try:
-                t_.start()
-            except RuntimeError:
-                break
-            pool.append(t_)
-        worker()
-        for t_ in pool:
-            t_.join()
-        threads_used = len(pool) + 1
-        if errors:
-            raise errors[0]
-    retry.sort()
-    for lb, n in retry[:]:
-        if out_of_time or lb > kth() * (1 + 1e-9):
-            continue
-        if stopped():
-            out_of_time = True
-            continue
-        retry.remove((lb, n))
-        run(n, budget.share(1.0), opts.threads)
-    open_bounds = [lb for lb, _ in retry if lb <= kth() * (1 + 1e-9)] + [0.0] * unprepared
-    complete = not open_bounds
-    timed_out = not complete
-    open_lb = min(open_bounds, default=math.inf)
-    best = found[0][0][0] if found else math.inf
-    lower = best if complete else min(best, open_lb)
-    gap = 0.0 if complete and found else (
-        (best - lower) / best if found and best > 0 else math.inf)
-    stats = SearchStats(
-        nodes_expanded=agg["nodes_expanded"], nodes_generated=agg["nodes_generated"],
-        pruned={"cost": agg["pruned_cost"], "deadline": agg["pruned_deadline"],
-                "memory": agg["pruned_memory"], "availability": agg["pruned_availability"],
-                "dominance": agg["pruned_dominance"]},
-        leaves_placed=agg["leaves_placed"], placer_nodes=agg["placer_nodes"],
-        placer_leaves=agg["placer_leaves"], frontier_peak=peak, dives=agg["dives"],
-        combos=agg["combos"], seconds=time.perf_counter() - started,
-        threads=threads_used or opts.threads,
-        lower_bound=lower if found or not complete else math.inf, gap=max(0.0, gap),
-        complete=complete, timed_out=timed_out,
-        objective="cost" if by_cost else "time", subproblems=total_subproblems,
-        subproblems_searched=len(searched), domain=found[0][2].label if found else None,
-        interrupted=not complete and progress is not None and progress.cancelled)
-    show_domain = catalog.has_offers or len(prepared) > 1
-    plans = [_to_plan(p, job, catalog, rows, cost, {**stats.to_dict(), "rank": i + 1}, profs,
-                      sp.domain(scope) if show_domain or sp.spans else None)
-             for i, (_, p, sp, rows) in enumerate(found)]
-    if chunks:
-        plans = [interleave(p, catalog, virtual_stages=chunks, budget_usd=budget_usd,
-                            objective="cost" if by_cost else "time",
-                            enforce_deadline=enforce_deadline) for p in plans]
-        plans.sort(key=lambda p: rank_key(p.estimate, "cost" if by_cost else "time"))
-        plans = [replace(p, stats={**(p.stats or {}), "rank": i + 1}) for i, p in enumerate(plans)]
-    return SearchResult(plans=plans, stats=stats)
+def _search_stats(outcome: Outcome, *, objective: str, subproblems: int, seconds: float,
+                  interrupted: bool, domain: str | None) -> SearchStats:
+    c = outcome.counters
+    return SearchStats(
+        nodes_expanded=c["nodes_expanded"], nodes_generated=c["nodes_generated"],
+        pruned={"cost": c["pruned_cost"], "deadline": c["pruned_deadline"],
+                "memory": c["pruned_memory"], "availability": c["pruned_availability"],
+                "dominance": c["pruned_dominance"]},
+        leaves_placed=c["leaves_placed"], placer_nodes=c["placer_nodes"],
+        placer_leaves=c["placer_leaves"], frontier_peak=outcome.frontier_peak,
+        dives=c["dives"], combos=c["combos"], seconds=seconds, threads=outcome.threads,
+        lower_bound=(outcome.lower_bound if outcome.found or not outcome.complete
+                     else math.inf),
+        gap=outcome.gap, complete=outcome.complete, timed_out=not outcome.complete,
+        objective=objective, subproblems=subproblems, subproblems_searched=outcome.searched,
+        domain=domain, interrupted=not outcome.complete and interrupted)
 
 
 def _plan_key(p: Any) -> tuple[Any, ...]:
@@ -783,9 +700,8 @@ def place(job: Job, groups: Sequence[tuple[str, int]], *, dp: int = 1,
                  dp=dp, micro_batch_size=micro_batch_size,
                  num_microbatches=B // (dp * micro_batch_size), recompute=recompute,
                  schedule=schedule, cost_model=cost)
-    specs = [catalog[n]._spec() for n in names]
     profs = {g: p for g, p in as_profiles(profiles).items() if g in names}
-    apply_profiles(specs, names, catalog, job.model, cost, profs)
+    specs = Table(catalog, job.model, cost, profs).specs([catalog.index(n) for n in names])
     opts = core.PlaceOptions()
     opts.fixed_order = v.boolean("fixed_order", fixed_order)
     if time_limit_s is not None:

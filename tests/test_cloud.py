@@ -13,7 +13,9 @@ import pytest
 from _bruteforce import brute_force
 
 import espresso as es
-from espresso.cloud import apply_quota, max_instances, read_skypilot, subproblems
+from espresso.cloud.domains import subproblems
+from espresso.cloud.quota import apply_quota, max_instances
+from espresso.cloud.skypilot import read_skypilot
 
 COST = es.CostParams(reserved_gb=0.0)
 SMALL = dict(micro_batch_sizes=(1, 2), max_tp=2, cost_model=COST, threads=1,

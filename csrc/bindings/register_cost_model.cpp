@@ -49,6 +49,7 @@ void register_cost_model(py::module_& m) {
 
     py::class_<GpuSpec>(m, "GpuSpec")
         .def(py::init<>())
+        .def("__copy__", [](const GpuSpec& g) { return GpuSpec(g); })
         .def_readwrite("memory_gb", &GpuSpec::memory_gb)
         .def_readwrite("memory_bytes", &GpuSpec::memory_bytes)
         .def_readwrite("tflops", &GpuSpec::tflops)

@@ -33,6 +33,7 @@ from typing import Any
 from .. import _validate as v
 from ..baselines import BASELINES
 from ..catalog import Catalog
+from ..cloud.quota import load_quota, max_instances
 from ..errors import SpecError
 from ..job import Job
 from ..model import ModelSpec
@@ -62,10 +63,7 @@ class CatalogSpec:
 
     def load(self, quota: str | None = None) -> Catalog:
         """The catalog with its own quota, then the suite's ``quota`` axis, then the cap."""
-        from ..cli._common import load_catalog
-        from ..cloud.quota import load_quota, max_instances
-
-        cat = load_catalog(self.catalog)
+        cat = Catalog.open(self.catalog)
         for q in (self.quota, quota):
             if q is not None:
                 cat = load_quota(cat, q)

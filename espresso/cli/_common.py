@@ -41,19 +41,8 @@ def console(stderr: bool = False) -> Console:
 
 
 def load_catalog(path: str | None) -> Catalog:
-    """``--catalog``: a YAML/JSON file, ``skypilot:FILE[,FILE...]`` (SkyPilot vms.csv files,
-    each named after its provider or written PROVIDER=FILE), or ``builtin:NAME``."""
-    if path is None:
-        return Catalog.builtin()
-    if path.startswith("builtin:"):
-        return Catalog.builtin(path.removeprefix("builtin:"))
-    if path.startswith("skypilot:"):
-        files = [f for f in path.removeprefix("skypilot:").split(",") if f]
-        if not files:
-            msg = "--catalog skypilot:FILE[,FILE...]: no file given"
-            raise CatalogError(msg)
-        return Catalog.from_skypilot(files)
-    return Catalog.load(path)
+    """``--catalog``: see :meth:`Catalog.open`."""
+    return Catalog.open(path)
 
 
 def load_profiles(items: list[str] | None) -> dict[str, Profile] | None:

@@ -11,8 +11,8 @@ from typing import Any
 
 from .. import _io
 from .._optional import require
-from ..runner.launch import LaunchError, check_runnable, load_hosts, torchrun_commands
 from ..plan import Plan
+from ..runner.launch import LaunchError, check_runnable, load_hosts, torchrun_commands
 from . import _common as c
 
 

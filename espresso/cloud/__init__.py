@@ -1,13 +1,14 @@
 """Real clouds: offers (an instance type of a provider in a region, at a price, with a
-quota), the GPU spec table they join, SkyPilot catalogs, quotas, and the network domains and
-vendors that split one catalog into the search's subproblems (docs/catalog.md)."""
+quota), the GPU spec table they join, SkyPilot catalogs, quotas, spot capacity, and the
+network domains and vendors that split one catalog into the search's subproblems
+(docs/catalog.md).
 
-from .domains import SCOPES, Subproblem, subproblems
-from .offers import Offer, offer_key
-from .quota import apply_quota, load_quota, max_instances
-from .skypilot import SkyPilotRead, read_skypilot
-from .specs import GpuSpec, SpecTable
-
-__all__ = ["SCOPES", "GpuSpec", "Offer", "SkyPilotRead", "SpecTable", "Subproblem",
-           "apply_quota", "load_quota", "max_instances", "offer_key", "read_skypilot",
-           "subproblems"]
+The modules sit on two floors (docs/development.md, "Layers"): below the catalog,
+:mod:`~espresso.cloud.specs`, :mod:`~espresso.cloud.networks`,
+:mod:`~espresso.cloud.spot_terms`, :mod:`~espresso.cloud.offers` and
+:mod:`~espresso.cloud.skypilot` (the reader), which :mod:`espresso.catalog` builds rows from;
+above it, :mod:`~espresso.cloud.quota`, :mod:`~espresso.cloud.spot`,
+:mod:`~espresso.cloud.domains` and :mod:`~espresso.cloud.snapshot`, which work on catalogs, and
+:mod:`~espresso.cloud.skypilot_export`, which writes plans as SkyPilot tasks. So this package
+imports none of them itself: import the module you need.
+"""

@@ -7,8 +7,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .. import _validate as v
-from ..catalog import GpuType
 from ..errors import CatalogError
+from ..gpu_type import GpuType
 from .networks import network_for
 from .specs import SpecTable
 

@@ -23,8 +23,8 @@ import yaml
 
 from .. import _io
 from ..errors import PlanError
-from ..runner.launch import Host, NodeAssignment, assign_hosts, node_command
 from ..plan import Plan
+from ..runner.launch import Host, NodeAssignment, assign_hosts, node_command
 
 CHECKPOINT_MOUNT = "/checkpoints"
 MASTER_FILE = f"{CHECKPOINT_MOUNT}/espresso/master-addr"

@@ -1,4 +1,4 @@
-"""Spot capacity: the market as a choice per offer, and the interruption defaults.
+"""Spot capacity: the market as a choice per offer.
 
 A catalog row is bought on demand or on the spot market. :func:`with_spot` adds, for every
 row that has a spot price, a spot row beside it (``<name>:spot``) that the search may choose
@@ -6,57 +6,26 @@ instead of or together with the on-demand one; the cost model then prices a plan
 instances by their expected hours (interruptions, checkpoints, restarts) and requires the
 deadline to hold with ``Job.deadline_confidence`` (docs/cost-model.md, "Spot capacity").
 
-The defaults below are what providers publish; they vary by an order of magnitude or more
+The interruption defaults (:mod:`espresso.cloud.spot_terms`, re-exported here) are what
+providers publish; they vary by an order of magnitude or more
 between instance types, zones and months, so ``--spot-rate`` (or a quota file's
 ``interruptions_per_hour``) should carry your own history when you have one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from .. import _validate as v
 from ..catalog import Catalog, GpuType
 from ..errors import CatalogError
+from .spot_terms import GENERIC_DEFAULTS, SPOT_DEFAULTS, SpotDefaults, spot_defaults
+
+__all__ = ["GENERIC_DEFAULTS", "SPOT_DEFAULTS", "SPOT_SUFFIX", "SpotDefaults", "spot_defaults",
+           "spot_row", "with_spot"]
 
 SPOT_SUFFIX = ":spot"
 """Spot rows are named after their on-demand row with this suffix."""
-
-
-@dataclass(frozen=True, slots=True)
-class SpotDefaults:
-    """Default interruption terms of one provider's spot instances."""
-
-    interruptions_per_hour: float
-    """Interruptions per instance-hour."""
-    recovery_hours: float
-    """Hours until a reclaimed instance is replaced (new capacity granted and booted)."""
-    source: str
-
-
-# Google: "the average preemption rate varies between 5% and 15% per day per project, on a
-# seven-day average" (Compute Engine, preemptible VM instances); we take the upper end,
-# 0.15 / 24 h. AWS publishes only monthly buckets (Spot Instance Advisor: <5% ... >20% of
-# instances interrupted in the trailing month, GPU types mostly in the open top bucket), and
-# SkyPilot's p3.2xlarge traces (Wu et al., NSDI'24) measured lifetimes of 1-3 hours: no
-# single figure holds, so AWS (and any other provider) gets Google's figure as well.
-# Recovery (capacity back and booted) is an assumption: 15 minutes.
-_PUBLISHED_RATE = 0.15 / 24.0
-_RECOVERY = 0.25
-
-SPOT_DEFAULTS: dict[str, SpotDefaults] = {
-    "gcp": SpotDefaults(_PUBLISHED_RATE, _RECOVERY,
-                        "Google Cloud, preemptible VMs: 5-15% per day per project (upper end)"),
-    "aws": SpotDefaults(_PUBLISHED_RATE, _RECOVERY,
-                        "Google's published 15% per day (AWS publishes only monthly buckets)"),
-}
-GENERIC_DEFAULTS = SpotDefaults(_PUBLISHED_RATE, _RECOVERY,
-                                "Google's published 15% per day (no figure for this provider)")
-
-
-def spot_defaults(provider: str | None) -> SpotDefaults:
-    """The interruption defaults for a provider's spot rows (``None``: a plain GPU row)."""
-    return SPOT_DEFAULTS.get(provider or "", GENERIC_DEFAULTS)
 
 
 def spot_row(g: GpuType, *, rate: float | None = None,

@@ -52,6 +52,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._optional import require
+from ..errors import PlanError
+from ..plan import Plan
+from .launch import RankInfo, check_runnable, rank_layout
 from .states import is_fsdp as _is_fsdp
 from .states import recomputed, shard_stage, wrap_blocks
 from .tp import (
@@ -66,9 +69,6 @@ from .tp import (
     parallelize_blocks,
     parallelize_vocab,
 )
-from ..errors import PlanError
-from .launch import RankInfo, check_runnable, rank_layout
-from ..plan import Plan
 
 if TYPE_CHECKING:
     from torch import nn as _nn

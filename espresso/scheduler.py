@@ -1,0 +1,247 @@
+"""Scheduling a search's subproblems: threads, one shared incumbent, time shares, stopping.
+
+A catalog splits into (domain, vendor) subproblems (:mod:`espresso.cloud.domains`), each an
+exact search of its own in the native core. :class:`Scheduler` runs them so that the whole
+is exact too (docs/search.md, "Subproblems"):
+
+* **order and cuts.** Subproblems are taken best bound first; one whose bound is above the
+  ``top_k``-th best plan found so far is cut without a search (its bound is admissible, so
+  none of its plans could enter the answer).
+* **side by side.** With more subproblems than threads and ``top_k = 1``, one worker per
+  thread takes subproblems from a queue and searches each on one thread; the workers share
+  their best objective through the core's ``SharedIncumbent``, so a plan proven anywhere cuts
+  every other search at once. Otherwise subproblems run one after another on every thread.
+* **time shares.** Pass 1 gives each subproblem a fair share of the time left (the leading
+  ones, one per worker, at least half of it), so one hard domain cannot starve the others;
+  pass 2 returns to those a share did not finish, best bound first, with the incumbent of all.
+* **stopping.** When the time is spent or the progress is cancelled, what is left keeps its
+  bound; the result's lower bound is the least of the open bounds and the best plan.
+
+The scheduler knows nothing of pipelines: a subproblem is a bound and a ``solve`` callback
+that searches it under a time limit, a thread count and an incumbent.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._native import core
+from .progress import TimeBudget
+
+_EPS = 1e-9  # relative slack when a bound is compared with an objective
+
+COUNTERS = ("nodes_expanded", "nodes_generated", "pruned_cost", "pruned_deadline",
+            "pruned_memory", "pruned_availability", "pruned_dominance", "leaves_placed",
+            "placer_nodes", "placer_leaves", "dives", "combos")
+"""The core's work counters, summed over the subproblems searched."""
+
+
+@dataclass(slots=True)
+class Task:
+    """One subproblem ready for the core: its admissible bound and what ``solve`` needs."""
+
+    bound: float
+    """No plan of this subproblem has a smaller objective (``inf``: none can be feasible)."""
+    payload: Any
+    """The caller's own description of the subproblem, handed back to ``solve``."""
+
+
+@dataclass(slots=True)
+class Solved:
+    """What one search of a subproblem returned."""
+
+    stats: Any
+    """The core's ``SearchStats``."""
+    plans: list[tuple[tuple[Any, ...], Any]]
+    """``(key, plan)`` pairs: key = (objective, tie-break...), smaller is better."""
+
+
+Solve = Callable[[Task, float | None, int, float], Solved]
+"""``solve(task, time limit in s or None, threads, incumbent objective)``."""
+
+
+@dataclass(slots=True)
+class Outcome:
+    """The scheduled search: its best plans and what it proved."""
+
+    found: list[tuple[tuple[Any, ...], Any, int]]
+    """Best first, at most ``top_k``: (key with the task's index, plan, task index)."""
+    counters: dict[str, int]
+    frontier_peak: int
+    searched: int
+    """Subproblems whose search began."""
+    threads: int
+    """The most threads any search ran on (fewer than asked if some could not start)."""
+    complete: bool
+    lower_bound: float
+    gap: float
+
+    @property
+    def best(self) -> float:
+        return self.found[0][0][0] if self.found else math.inf
+
+
+@dataclass(slots=True)
+class Scheduler:
+    """Runs ``tasks`` (in order of preparation) through ``solve`` under ``budget``."""
+
+    tasks: Sequence[Task]
+    solve: Solve
+    top_k: int
+    threads: int
+    budget: TimeBudget
+    stopped: Callable[[], bool]
+    """True once the time is spent or the search is cancelled."""
+    shared: Any = None
+    """The core's ``SharedIncumbent`` of side-by-side searches (``top_k = 1``), or None."""
+    on_error: Callable[[], None] | None = None
+    """Called in a worker that raised, to stop the other workers (the monitor's cancel)."""
+    _found: list[tuple[tuple[Any, ...], Any, int]] = field(default_factory=list)
+    _counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    _peak: int = 0
+    _searched: set[int] = field(default_factory=set)
+    _threads_used: int = 0
+    _retry: list[tuple[float, int]] = field(default_factory=list)
+    _out_of_time: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # ------------------------------------------------------------------ the whole
+    def run(self, *, unprepared: bool = False) -> Outcome:
+        """Pass 1, pass 2, and what they proved. ``unprepared``: the time ran out while the
+        tasks were being prepared, so the rest of the catalog has no bound but 0."""
+        live = [n for n, t in enumerate(self.tasks) if math.isfinite(t.bound)]
+        self._counters["pruned_deadline"] += len(self.tasks) - len(live)
+        self._first_pass(live)
+        self._second_pass()
+        open_bounds = ([lb for lb, _ in self._retry if lb <= self._kth() * (1 + _EPS)]
+                       + [0.0] * unprepared)
+        complete = not open_bounds
+        best = self._found[0][0][0] if self._found else math.inf
+        lower = best if complete else min(best, min(open_bounds, default=math.inf))
+        gap = 0.0 if complete and self._found else (
+            (best - lower) / best if self._found and best > 0 else math.inf)
+        return Outcome(found=self._found, counters=self._counters, frontier_peak=self._peak,
+                       searched=len(self._searched), threads=self._threads_used or self.threads,
+                       complete=complete, lower_bound=lower, gap=max(0.0, gap))
+
+    # ------------------------------------------------------------------ the passes
+    def _first_pass(self, live: list[int]) -> None:
+        # Side by side when there are more subproblems than threads (a cloud snapshot): one
+        # per thread, each searched single-threaded (no contention on one frontier; the
+        # shared incumbent cuts every search as soon as any finds a plan). A few (the vendors
+        # of a GPU-type catalog) are searched one after another with every thread.
+        workers = self.threads if self.shared is not None and len(live) > self.threads else 1
+        queue = collections.deque(live)
+        qlock = threading.Lock()
+        begun = [0]  # tasks taken from the queue
+
+        def work(threads_each: int) -> None:
+            while True:
+                with qlock:
+                    if not queue:
+                        return
+                    n = queue.popleft()
+                    remaining = len(queue) + 1
+                    lead = begun[0] < workers  # among the most promising: one per worker
+                    begun[0] += 1
+                if self._cut(n):
+                    continue
+                if self.stopped():
+                    with self._lock:
+                        self._out_of_time = True
+                        self._retry.append((self.tasks[n].bound, n))
+                    continue
+                self._run(n, self._share(workers, remaining, lead), threads_each)
+
+        if workers == 1:
+            work(self.threads)
+            return
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            try:
+                work(1)
+            except BaseException as exc:  # re-raised in the caller's thread below
+                errors.append(exc)
+                if self.on_error is not None:
+                    self.on_error()  # stop the other searches too
+
+        # This thread is one worker. A thread the system cannot start (a memory or process
+        # limit) is done without: the others take its share of the queue.
+        pool: list[threading.Thread] = []
+        for i in range(workers - 1):
+            t = threading.Thread(target=worker, name=f"espresso-domain-{i}")
+            try:
+                t.start()
+            except RuntimeError:
+                break
+            pool.append(t)
+        worker()
+        for t in pool:
+            t.join()
+        self._threads_used = len(pool) + 1
+        if errors:
+            raise errors[0]
+
+    def _second_pass(self) -> None:
+        self._retry.sort()
+        for lb, n in self._retry[:]:
+            if self._out_of_time or lb > self._kth() * (1 + _EPS):
+                continue
+            if self.stopped():
+                self._out_of_time = True
+                continue
+            self._retry.remove((lb, n))
+            self._run(n, self.budget.share(1.0), self.threads)
+
+    # ------------------------------------------------------------------ one task
+    def _kth(self) -> float:
+        """The objective a plan must beat to enter the answer (the shared one included)."""
+        k = self._found[self.top_k - 1][0][0] if len(self._found) >= self.top_k else math.inf
+        return min(k, self.shared.value) if self.shared is not None else k
+
+    def _cut(self, n: int) -> bool:
+        with self._lock:
+            cut = self.tasks[n].bound > self._kth() * (1 + _EPS)
+            if cut:
+                self._counters["pruned_cost"] += 1
+        return cut
+
+    def _share(self, workers: int, remaining: int, lead: bool) -> float | None:
+        """The time limit of the next task: its fair share of what is left. The leading
+        tasks (the best bounds) get at least half of it: a short limit split evenly over a
+        hundred regions lets none finish, while the first one's proven plan usually cuts all
+        the others at once."""
+        left = self.budget.share(1.0)
+        if left is None:
+            return None
+        fair = left * workers / remaining
+        return min(left, max(fair, 0.5 * left) if lead else fair)
+
+    def _run(self, n: int, limit: float | None, threads: int) -> None:
+        with self._lock:
+            incumbent = self._kth()
+        solved = self.solve(self.tasks[n], limit, threads, incumbent)
+        st = solved.stats
+        with self._lock:
+            self._searched.add(n)
+            for k in self._counters:
+                self._counters[k] += getattr(st, k)
+            self._peak = max(self._peak, st.frontier_peak)
+            self._threads_used = max(self._threads_used, st.threads)
+            for key, p in solved.plans:
+                self._found.append(((key[0], n, *key[1:]), p, n))
+            self._found.sort(key=lambda t: t[0])
+            del self._found[self.top_k:]
+            if not st.complete:
+                self._retry.append((st.lower_bound, n))
+
+
+def shared_incumbent(top_k: int) -> Any:
+    """The core's incumbent shared by side-by-side searches (``top_k = 1`` only)."""
+    return core.SharedIncumbent() if top_k == 1 else None
