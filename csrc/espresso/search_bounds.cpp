@@ -1,0 +1,557 @@
+// The bounds of the cost tree, each with its admissibility argument (search_bounds.hpp).
+#include "espresso/search_bounds.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <utility>
+
+#include "espresso/pipeline_sim.hpp"
+#include "espresso/spot.hpp"
+
+namespace espresso::search_detail {
+
+// The most work per second a pipeline of the node's stages can do: no plan of the node runs
+// faster than this rate (own_bound() and the completion bounds build on it).
+// The pipeline cannot use all of its rate: with P stages and M micro-batches, the fill
+// term of the last stage, sum_{i<P-1} w_i + M w_{P-1} <= T together with M w_i <= T,
+// lets a pipeline of total rate R do at most T/M (R - (P-1) R_last / M) work, R_last
+// being at least the smallest stage rate (docs/search.md).
+//
+// Under 1F1B a second bound holds: T >= sum_i w_i + (M-1) w_k - (nf_k-1) f_k for every
+// stage k, with nf_k <= P forwards before its first backward and f_k <= w_k / q (q = 3, or
+// 4 with recomputation, since a backward computes at least twice a forward; q = 2 when a
+// stage is tensor-parallel, as both directions carry the same all-reduces). Maximising the
+// work a pipeline of total rate R can do under it gives T >= W (M + (P-1)(1-1/q)) / R.
+double Bounds::effective_rate(const Node& n, const Combo& c) const {
+    // Interleaving fills its pipeline in 1/v of the time: only the average rate holds.
+    if (n.stages <= 1 || c.work.virtual_stages > 1) return n.rate;
+    const double M = d(c.work.num_microbatches), P = d(n.stages);
+    double rate = n.rate - (P - 1) * n.min_stage_rate / M;
+    if (c.work.schedule == Schedule::OneFOneB) {
+        const double q = q_factor(n);
+        rate = std::min(rate, n.rate * M / (M + (P - 1) * (1 - 1 / q)));
+    }
+    return rate;
+}
+
+// Time of one block for one micro-batch on a stage of `tp` GPUs of `type` (tabled per
+// combo in block_s: the bounds read the table).
+double Bounds::block_time(const Combo& c, std::int64_t type, std::int64_t tp) const {
+    // Exactly the cost model's per-block time (stage_cost() charges L of these, then the
+    // head, transfers and sharding traffic can only add).
+    const GpuSpec& g = gpus_[static_cast<std::size_t>(type)];
+    const BlockTimes bt = block_times(model_, g, params_, c.work, tp);
+    const double fwd = bt.fwd, bwd = bt.bwd + bt.recompute;
+    const std::int64_t dp = c.work.dp;
+    if (c.work.sharding < Sharding::Zero2 || dp < 2) return fwd + bwd;
+    // Sharded gradients (and weights) move per micro-batch, under the compute: the
+    // stage's traffic is at least its blocks' share (one collective's latency aside).
+    const double bp = block_params(model_) / d(tp);
+    const double per_byte = 2.0 * d(dp - 1) / d(dp) /
+                            (dp_link_gbs(g, dp, tp) * kGB * params_.link_efficiency);
+    const double scatter = 0.5 * per_byte * bp * params_.bytes_per_grad;
+    if (c.work.sharding == Sharding::Zero2) return fwd + std::max(bwd, scatter);
+    const double gather = 0.5 * per_byte * bp * params_.bytes_per_weight;
+    return std::max(fwd, gather) + std::max(bwd, gather + scatter);
+}
+
+// The node's stage groups with their tabled times and memory limits (no memory limit when
+// memory pruning is off).
+std::vector<Bounds::Group> Bounds::groups_of(const Node& n, const Combo& c) const {
+    std::vector<Group> gs;
+    gs.reserve(n.choices.size());
+    for (const Choice& ch : n.choices) {
+        const auto st = static_cast<std::size_t>(ch.type);
+        const auto& ws = widths_[st];
+        const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
+        gs.push_back({c.block_s[st][wi], opt_.prune_memory ? c.max_layers[st][wi] : model_.num_layers,
+                      ch.count, c.head_s[st][wi]});
+    }
+    return gs;
+}
+
+// Whole blocks: some stage holds at least its share, rounded up. The smallest possible
+// bottleneck tau (per micro-batch) is the least tau at which every stage can take at
+// least one block and together they take all L, each at most min(tau / t_i, its memory
+// limit) blocks, t_i = block_time (the head and transfers only add).
+double Bounds::bottleneck_bound(const Node& n, const Combo& c) const {
+    const std::vector<Group> gs = groups_of(n, c);
+    const std::int64_t L = model_.num_layers;
+    auto feasible = [&](double tau) {
+        std::int64_t total = 0;
+        for (const Group& g : gs) {
+            const auto fit = std::min<std::int64_t>(
+                g.cap, static_cast<std::int64_t>(std::floor(tau / g.t * (1 + 1e-12))));
+            if (fit < 1) return false;
+            total += fit * g.count;
+        }
+        return total >= L;
+    };
+    // The answer is k * t_g for some group g and 1 <= k <= its cap, and feasibility only
+    // grows with tau: bisect each group's sequence, keep the least feasible value.
+    double best = kInf;
+    for (const Group& g : gs) {
+        std::int64_t lo = 1, hi = std::min(g.cap, L);
+        if (hi < 1 || !feasible(d(hi) * g.t)) continue;
+        while (lo < hi) {
+            const std::int64_t mid = lo + (hi - lo) / 2;
+            if (feasible(d(mid) * g.t)) hi = mid;
+            else lo = mid + 1;
+        }
+        best = std::min(best, d(lo) * g.t);
+    }
+    return best * (1 - 1e-12);
+}
+
+// The bottleneck bound with each stage's memory limit at its position: position i holds
+// k_i = min(P - i, M) micro-batches in flight under 1F1B (M under GPipe), where a stage
+// holds at most max_layers_k blocks. The least tau at which some assignment of the
+// stages to positions lets each take at least one block and together all L, a stage of
+// block time t taking at most min(tau / t, its limit there): bisection over the values
+// m t (feasibility only grows with tau), each test a dynamic programme over the positions
+// and the multiset of stages used. +inf when no assignment holds the model at all.
+// Never below bottleneck_bound() (a lower bound too), which it is when the multiset is
+// too large for the programme.
+double Bounds::positioned_tau(const Node& n, const Combo& c) const {
+    const double start = bottleneck_bound(n, c);  // lenient limits: below the answer
+    if (n.stages < 1 || !std::isfinite(start)) return start;
+    const std::size_t k = n.choices.size();
+    std::vector<std::int64_t> stride(k);
+    std::int64_t states = 1;
+    for (std::size_t j = 0; j < k; ++j) {
+        stride[j] = states;
+        states *= n.choices[j].count + 1;
+        if (states > 4096) return start;
+    }
+    const std::int64_t P = n.stages, M = c.work.num_microbatches, L = model_.num_layers;
+    const auto sP = static_cast<std::size_t>(P);
+    std::vector<std::int64_t> cap(k * sP);
+    std::vector<double> t(k);
+    for (std::size_t j = 0; j < k; ++j) {
+        const Choice& ch = n.choices[j];
+        const auto st = static_cast<std::size_t>(ch.type);
+        const auto& ws = widths_[st];
+        const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
+        const auto& caps = c.max_layers_k[st][wi];
+        t[j] = c.block_s[st][wi];
+        for (std::int64_t i = 0; i < P; ++i) {
+            const std::int64_t fl = c.work.schedule == Schedule::GPipe ? 1 : std::min(P - i, M);
+            cap[j * sP + static_cast<std::size_t>(i)] =
+                !opt_.prune_memory ? L : fl <= c.kin ? caps[static_cast<std::size_t>(fl - 1)] : 0;
+        }
+    }
+    std::vector<std::int64_t> best(static_cast<std::size_t>(states));
+    std::vector<std::int64_t> digit(k);
+    std::vector<std::int64_t> fit(k);  // blocks a stage takes at the tested tau
+    auto feasible = [&](double tau) {
+        // Sure answers first: the limits at the busiest position (0) are the tightest and
+        // at the last the loosest, for every stage.
+        std::int64_t tight = 0, loose = 0;
+        bool each = true, some = true;
+        for (std::size_t j = 0; j < k; ++j) {
+            fit[j] = std::isfinite(tau)
+                ? static_cast<std::int64_t>(std::min(1e18, std::floor(tau / t[j] * (1 + 1e-12))))
+                : L;
+            const std::int64_t lo_cap = std::min(fit[j], cap[j * sP]);
+            const std::int64_t hi_cap = std::min(fit[j], cap[j * sP + sP - 1]);
+            each = each && lo_cap >= 1;
+            some = some && hi_cap >= 1;
+            tight += n.choices[j].count * lo_cap;
+            loose += n.choices[j].count * hi_cap;
+        }
+        if (each && tight >= L) return true;
+        if (!some || loose < L) return false;
+        std::fill(best.begin(), best.end(), -1);
+        std::fill(digit.begin(), digit.end(), 0);
+        best[0] = 0;
+        std::int64_t pos = 0;  // stages placed in state sidx: the sum of its digits
+        for (std::int64_t sidx = 0; sidx < states; ++sidx) {
+            if (sidx > 0) {  // the mixed-radix successor of the previous state
+                for (std::size_t j = 0; j < k; ++j) {
+                    if (digit[j] < n.choices[j].count) {
+                        ++digit[j];
+                        ++pos;
+                        break;
+                    }
+                    pos -= digit[j];
+                    digit[j] = 0;
+                }
+            }
+            const std::int64_t have = best[static_cast<std::size_t>(sidx)];
+            if (have < 0 || pos >= P) continue;
+            for (std::size_t j = 0; j < k; ++j) {
+                if (digit[j] == n.choices[j].count) continue;
+                const std::int64_t v = std::min(fit[j], cap[j * sP + static_cast<std::size_t>(pos)]);
+                if (v < 1) continue;
+                auto& nb = best[static_cast<std::size_t>(sidx + stride[j])];
+                nb = std::max(nb, std::min(L, have + v));
+            }
+        }
+        return best[static_cast<std::size_t>(states - 1)] >= L;
+    };
+    if (!feasible(kInf)) return kInf;
+    if (feasible(start)) return start;
+    // The answer is m t_j for some stage group j and m blocks: binary search over those
+    // values, merged and sorted.
+    std::vector<double> cand;
+    for (std::size_t j = 0; j < k; ++j) {
+        const std::int64_t lo = std::max<std::int64_t>(1, static_cast<std::int64_t>(start / t[j]));
+        for (std::int64_t m = lo; m <= L; ++m) cand.push_back(d(m) * t[j]);
+    }
+    std::sort(cand.begin(), cand.end());
+    std::size_t lo = 0, hi = cand.size();  // the least feasible index, hi: none found
+    while (lo < hi) {
+        const std::size_t mid = lo + (hi - lo) / 2;
+        if (feasible(cand[mid])) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo < cand.size() ? std::max(start, cand[lo] * (1 - 1e-12)) : kInf;
+}
+
+// Lower bound on the objective of the node's own allocation (kInf: it cannot work): the
+// iteration takes at least the work at the effective rate, M times the bottleneck, under
+// 1F1B the second pipeline bound and the round trips, plus the synchronisation; spot
+// instances and the deadline's confidence as spot_lb() and deadline_lb() say.
+// `tau`: the bottleneck when already known (positioned_tau()), else negative: the
+// lenient bottleneck_bound() is used.
+// `thr`: when the cheap rate bounds already put the allocation beyond it, their value
+// is returned (a weaker but sufficient bound) and the dearer ones are skipped.
+double Bounds::own_bound(const Node& n, const Combo& c, double tau,
+                 double thr) const {
+    if (n.stages < 1 || n.stages > model_.num_layers) return kInf;
+    if (c.work.virtual_stages > 1 &&
+        (n.stages < 2 || c.work.num_microbatches % n.stages != 0 ||
+         n.stages * c.work.virtual_stages > model_.num_layers)) {
+        return kInf;  // not an interleaved plan (its children may be)
+    }
+    const double rate = effective_rate(n, c);
+    if (rate < c.rate_min) return kInf;
+    // positioned_tau() is checked only for nodes worth placing (process()): most are cut
+    // by their cost first, and it is the dearest of these tests.
+    if (opt_.prune_memory && (n.cap < c.need_bytes || n.max_layers < model_.num_layers)) {
+        return kInf;
+    }
+    // Iteration time at least: the average-rate bound, or M times the bottleneck.
+    const double M = d(c.work.num_microbatches);
+    const double sync = sync_bound(c, n.sum_bw, n.sum_hbm);
+    const double spot = spot_lb(n.spot_rate);
+    auto objective = [&](double t_iter) {
+        const double work = job_.iterations * t_iter / 3600.0;
+        if (opt_.enforce_deadline && opt_.prune_deadline &&
+            deadline_lb(work, n.spot_rate) > job_.deadline_hours * (1 + kSlack)) {
+            return kInf;
+        }
+        const double hours = work * spot;  // expected, interruptions included
+        const double usd = hours * d(c.work.dp) * n.price;
+        if (opt_.objective == Objective::Cost) return usd;
+        if (usd > opt_.budget_usd * (1 + kSlack)) return kInf;
+        return hours;
+    };
+    const double by_rate = std::max(M * c.flops_mb / rate,
+                                    M * d(model_.num_layers) * c.block_flops / n.block_rate);
+    if (std::isfinite(thr)) {
+        const double quick = objective(by_rate + sync);
+        if (!std::isfinite(quick) || beyond(quick, thr)) return quick;
+    }
+    if (tau < 0) tau = bottleneck_bound(n, c);
+    if (!std::isfinite(tau)) return kInf;
+    double t_iter = std::max(by_rate, M * tau);
+    if (c.work.schedule == Schedule::OneFOneB && c.work.virtual_stages == 1 && n.stages > 1) {
+        double t_min = kInf, head_min = kInf;  // the fastest block and LM head
+        for (const Choice& ch : n.choices) {
+            const auto st = static_cast<std::size_t>(ch.type);
+            const auto& ws = widths_[st];
+            const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
+            t_min = std::min(t_min, c.block_s[st][wi]);
+            head_min = std::min(head_min, c.head_s[st][wi]);
+        }
+        // The second pipeline bound with k the bottleneck stage (w_k >= tau) and
+        // sum_i w_i >= L blocks at the fastest per-block time (docs/search.md).
+        const double a = M - 1 - d(n.stages - 1) / q_factor(n);
+        if (a > 0) t_iter = std::max(t_iter, d(model_.num_layers) * t_min + a * tau);
+        // 1F1B's round trips.
+        const Sends sd = node_sends(n, c);
+        t_iter = std::max(t_iter, round_trip_bound(c, n.stages,
+                                                   d(model_.num_layers) * t_min + head_min,
+                                                   boundary_sum(sd.sum, sd.least) - sd.saving));
+    }
+    return objective(t_iter + sync);
+}
+
+// Lower bound over completions that add stages of types at order positions >= next.
+// `thr`: the incumbent; when the FLOP/s bound alone is beyond it, the node's completions
+// are cut whatever the rest says, so the costlier time bound is skipped.
+double Bounds::ext_bound(const Node& n, const Combo& c, double thr, bool full) const {
+    const auto p = static_cast<std::size_t>(n.next);
+    const std::int64_t cap = depth_cap(c, n.types + 1);
+    if (p >= order_.size() || n.stages >= cap || cap <= opt_.covered_depth) return kInf;
+    if (n.types >= opt_.max_gpu_types) return kInf;
+    if (opt_.prune_memory && n.cap + c.suffix_cap[p] < c.need_bytes) return kInf;
+    const double by_rate = type_bound(n, c, p, suffix_min_rate_[p]);
+    if (!std::isfinite(by_rate)) return kInf;
+    if (!full || beyond(by_rate, thr)) return by_rate;
+    // The iteration time of any completion, from whole blocks, the bottleneck and the
+    // synchronisation terms (docs/search.md, "Completions").
+    // The iteration time at which the checks below cut the node (a little beyond, so
+    // that a bound stopped there is cut whatever the rounding).
+    const double price = d(c.work.dp) * (n.price + suffix_min_price_[p]);
+    // Completions only add instances: their expected hours per hour of work are at least
+    // the node's spot factor. The deadline holds for the work alone at least.
+    const double spot = spot_lb(n.spot_rate);
+    double cut_hours = kInf;  // expected hours
+    if (opt_.objective == Objective::Cost) {
+        if (opt_.prune_cost && price > 0) cut_hours = std::min(cut_hours, thr / price);
+    } else {
+        if (opt_.prune_cost) cut_hours = std::min(cut_hours, thr);
+        if (price > 0) cut_hours = std::min(cut_hours, opt_.budget_usd / price);
+    }
+    double cut_work = cut_hours / spot;
+    if (opt_.enforce_deadline && opt_.prune_deadline) cut_work = std::min(cut_work, job_.deadline_hours);
+    const double target = cut_work * (1 + 2 * kSlack) * 3600.0 / job_.iterations;
+    const double t_iter = ext_time_bound(n, c, std::isfinite(target) ? target : kInf);
+    if (!std::isfinite(t_iter)) return kInf;
+    const double work = job_.iterations * t_iter / 3600.0;
+    if (opt_.enforce_deadline && opt_.prune_deadline &&
+        deadline_lb(work, n.spot_rate) > job_.deadline_hours * (1 + kSlack)) {
+        return kInf;
+    }
+    const double hours = work * spot;
+    // A completion pays at least the node's GPUs and the cheapest later one for `hours`.
+    const double usd = hours * price;
+    if (opt_.objective == Objective::Cost) return std::max(by_rate, usd);
+    if (usd > opt_.budget_usd * (1 + kSlack)) return kInf;
+    return std::max(by_rate, hours);
+}
+
+Bounds::Sends Bounds::node_sends(const Node& n, const Combo& c) const {
+    struct Whole {
+        std::int64_t type, stages, gpus;
+    };
+    Sends out;
+    std::vector<Whole> whole;  // per type, its stages that fit one instance whole
+    for (const Choice& ch : n.choices) {
+        const GpuSpec& g = gpus_[static_cast<std::size_t>(ch.type)];
+        const double x = send_lb(c, g.inter_node_gbs);
+        out.sum += d(ch.count) * x;
+        out.least = std::min(out.least, x);
+        if (c.work.dp * ch.tp > g.gpus_per_node) continue;
+        auto it = std::find_if(whole.begin(), whole.end(),
+                               [&](const Whole& w) { return w.type == ch.type; });
+        if (it == whole.end()) it = whole.insert(whole.end(), Whole{ch.type, 0, 0});
+        it->stages += ch.count;
+        it->gpus += std::int64_t{ch.count} * ch.tp * c.work.dp;
+    }
+    for (const Whole& w : whole) {
+        const GpuSpec& g = gpus_[static_cast<std::size_t>(w.type)];
+        const std::int64_t m = (w.gpus + g.gpus_per_node - 1) / g.gpus_per_node;
+        const double save = send_lb(c, g.inter_node_gbs) -
+                            send_lb(c, std::max(g.inter_node_gbs, g.intra_node_gbs));
+        out.saving += d(std::max<std::int64_t>(0, w.stages - m)) * std::max(0.0, save) *
+                      (1 + 1e-12);
+    }
+    return out;
+}
+
+// The least time of one activation (or gradient) transfer between pipeline neighbours
+// over a link of at most `bw` GB/s, as the cost model's send_s charges it.
+double Bounds::send_lb(const Combo& c, double bw) const {
+    if (!(bw > 0)) return 0.0;
+    // Scatter/gather sends 1/tp of the tensor: at most the widest TP group's share.
+    const double msg = p2p_bytes(model_, params_, c.work, opt_.max_tp, opt_.max_tp);
+    return (params_.link_latency_s + msg / (bw * kGB * params_.link_efficiency)) *
+           (1 - 1e-12);
+}
+
+// The data-parallel synchronisation after the pipeline: what of the gradients' all-reduce is
+// surely exposed (Combo::k_ar, lat_ar) and the optimizer step (k_opt). A stage of n_i blocks
+// on tp_i GPUs of link b_i takes at least k_ar n_i / (tp_i b_i); as the n_i sum to L, the
+// largest is at least k_ar L / sum_i(tp_i b_i) (a maximum of ratios is at least the ratio of
+// the sums), and the step likewise at the stages' memory bandwidth.
+double Bounds::sync_bound(const Combo& c, double sum_bw, double sum_hbm) const {
+    const double L = d(model_.num_layers);
+    double t = 0;
+    if (c.k_ar > 0 && sum_bw > 0) t += c.k_ar * L / sum_bw + c.lat_ar;
+    if (sum_hbm > 0) t += c.k_opt * L / sum_hbm;
+    return t;
+}
+
+// Lower bound on the iteration time of any completion of `n` that adds 1 to `room`
+// stages of types at order positions >= n.next. With r added stages the bottleneck is at
+// least tau_r, the least tau at which the node's stages (each at least one block, at most
+// min(tau / t, its memory limit) blocks) and the r best added stages (type t: at most
+// its per-replica GPUs many, each holding what its widest allowed width could) hold all
+// L blocks; then T >= M tau_r and, under 1F1B, T >= L t_min + (M - 1 - (P + r - 1)/q)
+// tau_r. Both only fall as r grows, so r = room bounds every completion. The DP
+// all-reduce and the optimizer step add their own bounds.
+// `target`: an iteration time at which the caller cuts the node (kInf: none); once the
+// bound is known to reach it, it is returned without refining further.
+double Bounds::ext_time_bound(const Node& n, const Combo& c, double target) const {
+    const auto p0 = static_cast<std::size_t>(n.next);
+    const std::int64_t room = depth_cap(c, n.types + 1) - n.stages;
+    if (room < 1 || p0 >= order_.size()) return kInf;
+    if (order_.size() - p0 > kExtTypesMax) return 0.0;
+    const std::int64_t L = model_.num_layers;
+    const double M = d(c.work.num_microbatches);
+    const std::vector<Group> own = groups_of(n, c);
+    double t_min = kInf, t_max = 0, head_max = 0;
+    for (const Group& g : own) {
+        t_min = std::min(t_min, g.t);
+        t_max = std::max(t_max, g.t);
+        head_max = std::max(head_max, g.head);
+    }
+    std::vector<const Combo::Option*> ext;
+    bool ext_tp = false;
+    double bw_slot = 0, bw_all = 0, hbm_slot = 0, hbm_all = 0;
+    for (std::size_t p = p0; p < order_.size(); ++p) {
+        const Combo::Option& o = c.options[static_cast<std::size_t>(order_[p])];
+        if (o.widths.empty()) continue;
+        ext.push_back(&o);
+        t_min = std::min(t_min, o.t_min);
+        t_max = std::max(t_max, o.t_max);
+        ext_tp = ext_tp || o.tp;
+        bw_slot = std::max(bw_slot, o.bw_slot);
+        hbm_slot = std::max(hbm_slot, o.hbm_slot);
+        bw_all += o.bw_all;
+        hbm_all += o.hbm_all;
+        for (const double h : o.head) head_max = std::max(head_max, h);
+    }
+    if (ext.empty()) return kInf;
+    std::vector<std::pair<std::int64_t, std::int64_t>> vals;  // (blocks, stages)
+    auto fits = [](double tau, double t, std::int64_t cap) -> std::int64_t {
+        if (tau <= 0) return 0;
+        return std::min<std::int64_t>(
+            cap, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / t * (1 + 1e-12)))));
+    };
+    // As in the node's own bound, one stage also runs the LM head; which one is free in
+    // this relaxation, so the blocks fall by the least loss over every candidate stage.
+    auto feasible = [&](double tau, bool head) {
+        std::int64_t total = 0, loss = head ? std::numeric_limits<std::int64_t>::max() : 0;
+        for (const Group& g : own) {
+            const std::int64_t fit = fits(tau, g.t, g.cap);
+            if (fit < 1) return false;
+            total += fit * g.count;
+            if (head) {
+                const std::int64_t fit_h = fits(tau - g.head, g.t, g.cap);
+                if (fit_h >= 1) loss = std::min(loss, fit - fit_h);
+            }
+        }
+        vals.clear();
+        for (const Combo::Option* o : ext) {
+            std::int64_t v = 0, v_h = 0;
+            for (std::size_t wi = 0; wi < o->widths.size(); ++wi) {
+                const auto& [bt, cap] = o->widths[wi];
+                v = std::max(v, fits(tau, bt, cap));
+                if (head) v_h = std::max(v_h, fits(tau - o->head[wi], bt, cap));
+            }
+            if (v >= 1) vals.emplace_back(v, std::min(o->avail, room));
+            if (head && v_h >= 1) loss = std::min(loss, v - v_h);
+        }
+        if (loss == std::numeric_limits<std::int64_t>::max()) return false;
+        total -= loss;
+        if (vals.empty()) return false;  // a completion adds a stage, which needs a block
+        std::sort(vals.begin(), vals.end(), std::greater<>());
+        std::int64_t left = room;
+        for (const auto& [v, k] : vals) {
+            const std::int64_t take = std::min(left, k);
+            total += take * v;
+            left -= take;
+            if (total >= L || left == 0) break;
+        }
+        return total >= L;
+    };
+    if (!feasible(kInf, false)) return kInf;  // the stages' memory cannot hold the blocks
+    // The terms that do not depend on the bottleneck tau: round trips and synchronisation.
+    double rt = 0;
+    if (c.work.schedule == Schedule::OneFOneB && c.work.virtual_stages == 1) {
+        // Round trips, for each number of stages a completion can have: the node's stages
+        // as node_sends() says, an added stage at best on the fastest later link
+        // (in-instance links included: added stages of one type may share instances).
+        double link = 0, head_min = kInf;
+        const Sends sd = node_sends(n, c);
+        for (const Group& g : own) head_min = std::min(head_min, g.head);
+        for (std::size_t p = p0; p < order_.size(); ++p) {
+            const GpuSpec& g = gpus_[static_cast<std::size_t>(order_[p])];
+            link = std::max(link, can_share(c, order_[p]) ? std::max(g.inter_node_gbs, g.intra_node_gbs)
+                                                          : g.inter_node_gbs);
+            for (const double h : c.options[static_cast<std::size_t>(order_[p])].head) {
+                head_min = std::min(head_min, h);
+            }
+        }
+        const double send = send_lb(c, link);
+        const double work = d(L) * t_min + (std::isfinite(head_min) ? head_min : 0.0);
+        rt = kInf;
+        for (std::int64_t r = 1; r <= room; ++r) {
+            rt = std::min(rt, round_trip_bound(c, n.stages + r, work,
+                                               boundary_sum(sd.sum + d(r) * send,
+                                                            std::min(sd.least, send)) -
+                                                   sd.saving));
+        }
+    }
+    const double bw = n.sum_bw + std::min(bw_all, d(room) * bw_slot);
+    const double hbm = n.sum_hbm + std::min(hbm_all, d(room) * hbm_slot);
+    const double sync = sync_bound(c, bw, hbm);
+    double a = 0;  // the 1F1B second bound's slope in tau
+    if (c.work.schedule == Schedule::OneFOneB && c.work.virtual_stages == 1) {
+        const double q = ext_tp || n.tensor_parallel ? 1.0 + std::min(1.0, 2.0 * bwd_fwd_ratio_)
+                                                     : 1.0 + 2.0 * bwd_fwd_ratio_;
+        a = std::max(0.0, M - 1 - d(n.stages + room - 1) / q);
+    }
+    auto iteration = [&](double tau) {
+        double t = std::max(M * tau, rt);
+        if (a > 0) t = std::max(t, d(L) * t_min + a * tau);
+        return t + sync;
+    };
+    if (iteration(0.0) >= target) return iteration(0.0);  // cut whatever tau is
+    double lo = 0, hi = d(L) * t_max + head_max;
+    const bool head = feasible(hi, true);  // always, unless rounding says otherwise
+    if (std::isfinite(target)) {
+        // The least tau at which the bound reaches the caller's cut: when the blocks do
+        // not fit even there, the bound is at least that, and one test settles it.
+        const double need = target - sync;
+        double cut = need / M;
+        if (a > 0) cut = std::min(cut, (need - d(L) * t_min) / a);
+        if (cut > lo && cut < hi) {
+            if (!feasible(cut, head)) return iteration(cut);
+            hi = cut;
+        }
+    }
+    // Bisection to 0.1%: lo stays infeasible, so it is a lower bound at any precision.
+    for (int it = 0; it < 64 && hi - lo > 1e-3 * hi; ++it) {
+        const double mid = 0.5 * (lo + hi);
+        if (feasible(mid, head)) hi = mid;
+        else lo = mid;
+    }
+    return iteration(lo);  // lo: below the least feasible tau
+}
+
+// Lower bound over completions that add stages of the type at order position p and
+// possibly of later types (same shape as ext_bound, from position p).
+// `xmin`: the least rate one added GPU brings.
+double Bounds::type_bound(const Node& n, const Combo& c, std::size_t p, double xmin) const {
+    const double xmax = c.suffix_rate[p];
+    if (xmax <= 0 || n.rate + xmax < c.rate_min) return kInf;
+    const auto t = static_cast<std::size_t>(order_[p]);
+    const double rho = gpus_[t].price_per_hour / rate_[t];
+    // The same bound twice: over all FLOPs at peak-times-efficiency rates, and over the
+    // blocks' FLOPs at the chosen stages' block rates (which include their TP
+    // all-reduces); added GPUs never exceed their raw rate in either.
+    auto best_ratio = [&](double rate, double rate_min) {
+        if (rate + xmax < rate_min) return kInf;
+        const double xlo = std::min(xmax, std::max(xmin, rate_min - rate));
+        auto ratio = [&](double x) {
+            return rate + x > 0 ? (n.price + rho * x) / (rate + x) : rho;
+        };
+        return std::min(ratio(xlo > 0 ? xlo : 1e-300), ratio(xmax));
+    };
+    const double raw = best_ratio(n.rate, c.rate_min);
+    const double blocks = best_ratio(n.block_rate, c.block_rate_min);
+    if (!std::isfinite(raw) || !std::isfinite(blocks)) return kInf;
+    const double usd = std::max(c.c0 * raw, c.c0_blocks * blocks);
+    if (opt_.objective == Objective::Cost) return usd;
+    if (usd > opt_.budget_usd * (1 + kSlack)) return kInf;
+    return std::max(c.t0 / (n.rate + xmax), c.t0_blocks / (n.block_rate + xmax));
+}
+
+}  // namespace espresso::search_detail

@@ -1,0 +1,332 @@
+// Preparing the cost tree: the types' order and dominators, and the tables of every
+// combination (search_tree.hpp).
+#include "espresso/search_tree.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "espresso/pipeline_sim.hpp"
+#include "espresso/spot.hpp"
+
+namespace espresso::search_detail {
+
+void Tree::prepare_types() {
+    const std::int64_t n = static_cast<std::int64_t>(gpus_.size());
+    rate_.resize(gpus_.size());
+    cap_.resize(gpus_.size());
+    widths_.resize(gpus_.size());
+    for (std::int64_t t = 0; t < n; ++t) {
+        const GpuSpec& g = gpus_[static_cast<std::size_t>(t)];
+        const double eff = gemm_efficiency(g, params_);
+        // With a profile, the fastest of its parts: no FLOP runs faster, so the bounds
+        // built on rate_ stay admissible.
+        rate_[static_cast<std::size_t>(t)] = g.tflops * 1e12 * eff / profile_min_time_scale(g);
+        bwd_fwd_ratio_ = std::min(bwd_fwd_ratio_, profile_bwd_fwd_ratio(g));
+        min_act_scale_ = std::min(min_act_scale_, g.activation_scale);
+        cap_[static_cast<std::size_t>(t)] = std::max(0.0, usable_bytes(g, params_));
+        for (std::int64_t w = 1; w <= std::min(g.gpus_per_node, opt_.max_tp); w *= 2) {
+            if (w < opt_.min_tp) continue;
+            if (tp_divides(model_, w)) widths_[static_cast<std::size_t>(t)].push_back(w);
+        }
+        if (g.count > 0 && !widths_[static_cast<std::size_t>(t)].empty() && cap_[static_cast<std::size_t>(t)] > 0) {
+            order_.push_back(t);
+        }
+    }
+    // Cheapest effective FLOP/s first; dominating types before the ones they dominate.
+    // For the fastest plan without a budget, prices do not matter: fastest first.
+    time_only_ = opt_.objective == Objective::Time && !std::isfinite(opt_.budget_usd);
+    std::stable_sort(order_.begin(), order_.end(), [&](std::int64_t a, std::int64_t b) {
+        const double ra = time_only_ ? 0.0 : gpus_[static_cast<std::size_t>(a)].price_per_hour / rate_[static_cast<std::size_t>(a)];
+        const double rb = time_only_ ? 0.0 : gpus_[static_cast<std::size_t>(b)].price_per_hour / rate_[static_cast<std::size_t>(b)];
+        if (ra != rb) return ra < rb;
+        if (rate_[static_cast<std::size_t>(a)] != rate_[static_cast<std::size_t>(b)]) return rate_[static_cast<std::size_t>(a)] > rate_[static_cast<std::size_t>(b)];
+        if (cap_[static_cast<std::size_t>(a)] != cap_[static_cast<std::size_t>(b)]) return cap_[static_cast<std::size_t>(a)] > cap_[static_cast<std::size_t>(b)];
+        // Among equals, the better connected and larger instance first (so it can
+        // dominate the others, which only a type earlier in the order may).
+        const GpuSpec& ga = gpus_[static_cast<std::size_t>(a)];
+        const GpuSpec& gb = gpus_[static_cast<std::size_t>(b)];
+        if (ga.inter_node_gbs != gb.inter_node_gbs) return ga.inter_node_gbs > gb.inter_node_gbs;
+        if (ga.intra_node_gbs != gb.intra_node_gbs) return ga.intra_node_gbs > gb.intra_node_gbs;
+        return ga.gpus_per_node > gb.gpus_per_node;
+    });
+    // Spot rows: a node's expected hours are at least its hours of work times
+    // spot_factor() at its own interruption rate, the checkpoint time and the least
+    // restart any spot row allows (docs/search.md, "Spot").
+    checkpoint_h_ = checkpoint_hours(model_, params_, job_);
+    restart_min_h_ = kInf;
+    for (const GpuSpec& g : gpus_) {
+        if (g.interruptions_per_hour > 0) restart_min_h_ = std::min(restart_min_h_, g.recovery_hours);
+    }
+    restart_min_h_ = std::isfinite(restart_min_h_) ? restart_min_h_ + params_.restart_hours + checkpoint_h_ : 0.0;
+    suffix_min_rate_.assign(order_.size() + 1, kInf);
+    suffix_min_price_.assign(order_.size() + 1, kInf);
+    for (std::size_t p = order_.size(); p-- > 0;) {
+        suffix_min_rate_[p] = std::min(suffix_min_rate_[p + 1], rate_[static_cast<std::size_t>(order_[p])]);
+        suffix_min_price_[p] = std::min(suffix_min_price_[p + 1],
+                                        gpus_[static_cast<std::size_t>(order_[p])].price_per_hour);
+    }
+    dominators_.assign(gpus_.size(), {});
+    for (std::size_t pj = 0; pj < order_.size(); ++pj) {
+        for (std::size_t pi = 0; pi < pj; ++pi) {
+            if (dominates(order_[pi], order_[pj])) {
+                dominators_[static_cast<std::size_t>(order_[pj])].push_back(order_[pi]);
+            }
+        }
+    }
+}
+
+bool Tree::dominates(std::int64_t i, std::int64_t j) const {
+    const GpuSpec& a = gpus_[static_cast<std::size_t>(i)];
+    const GpuSpec& b = gpus_[static_cast<std::size_t>(j)];
+    // Profiles: every part at least as fast, and no more activation memory.
+    const double ra = rate_[static_cast<std::size_t>(i)] * profile_min_time_scale(a);
+    const double rb = rate_[static_cast<std::size_t>(j)] * profile_min_time_scale(b);
+    const bool parts = ra / a.block_fwd_scale >= rb / b.block_fwd_scale &&
+                       ra / a.block_bwd_scale >= rb / b.block_bwd_scale &&
+                       ra / a.head_fwd_scale >= rb / b.head_fwd_scale &&
+                       ra / a.head_bwd_scale >= rb / b.head_bwd_scale &&
+                       a.activation_scale <= b.activation_scale;
+    return parts && rate_[static_cast<std::size_t>(i)] >= rate_[static_cast<std::size_t>(j)] &&
+           cap_[static_cast<std::size_t>(i)] >= cap_[static_cast<std::size_t>(j)] &&
+           a.mem_bandwidth_gbs >= b.mem_bandwidth_gbs && a.intra_node_gbs >= b.intra_node_gbs &&
+           a.inter_node_gbs >= b.inter_node_gbs && a.intra_node_gbs >= b.inter_node_gbs &&
+           a.gpus_per_node >= b.gpus_per_node &&
+           // Spot: no more interruptions per instance (a holds b's GPUs in no more
+           // instances) and no slower recovery, unless a is on-demand.
+           (a.interruptions_per_hour == 0 ||
+            (a.interruptions_per_hour <= b.interruptions_per_hour &&
+             a.recovery_hours <= b.recovery_hours));
+    // Prices are compared where a node adds b (make_child): whole instances make the
+    // cost of moving b's GPUs onto a depend on how many a already has.
+}
+
+bool Tree::prepare_combos(Stopwatch& sw) {
+    const std::int64_t B = job_.global_batch_size;
+    const double L = d(model_.num_layers);
+    for (const Recompute rc : opt_.recompute) {
+        for (const std::int64_t b : opt_.micro_batch_sizes) {
+            if (b < 1 || B % b != 0) continue;
+            for (std::int64_t dp = 1; dp <= std::min(B / b, opt_.max_dp); ++dp) {
+                if ((B / b) % dp != 0) continue;
+                // Sharding levels, each once: with one replica they are all the same,
+                // and the legacy zero1 switch makes None and Zero1 the same.
+                std::vector<Sharding> levels;
+                for (const Sharding want : opt_.sharding) {
+                    Sharding sh = dp == 1 ? Sharding::None : want;
+                    if (params_.zero1 && dp > 1) sh = std::max(sh, Sharding::Zero1);
+                    if (std::find(levels.begin(), levels.end(), sh) == levels.end()) {
+                        levels.push_back(sh);
+                    }
+                }
+                for (const Sharding sh : levels) {
+                  for (const std::int64_t v : opt_.virtual_stages) {
+                    if (sw.expired(1)) return false;
+                    // Interleaving: 1F1B, and at least two groups with M a multiple of
+                    // their number.
+                    if (v > 1 && (opt_.schedule != Schedule::OneFOneB || B / b / dp < 2)) continue;
+                    Combo c;
+                    c.work = job_;
+                    c.work.virtual_stages = v;
+                    c.work.micro_batch_size = b;
+                    c.work.dp = dp;
+                    c.work.num_microbatches = B / b / dp;
+                    c.work.recompute = rc;
+                    c.work.schedule = opt_.schedule;
+                    c.work.sharding = sh;
+                    if (c.work.num_microbatches > kMaxMicrobatches) continue;
+                    // The FLOPs every block's forward runs at no more than peak x
+                    // efficiency (a selective recomputation adds at least nothing).
+                    const double blk = block_bound_flops(model_, params_, job_.seq_len, b);
+                    const double head = head_fwd_flops(model_, job_.seq_len, b);
+                    c.flops_mb = L * blk * (rc == Recompute::Full ? 4.0 : 3.0) + 3.0 * head;
+                    c.block_flops = blk * (rc == Recompute::Full ? 4.0 : 3.0);
+                    c.head_flops = 3.0 * head;
+                    const double iter_flops = d(c.work.num_microbatches) * c.flops_mb;
+                    c.c0 = job_.iterations / 3600.0 * d(dp) * iter_flops;
+                    c.t0 = job_.iterations / 3600.0 * iter_flops;
+                    c.rate_min = opt_.enforce_deadline && opt_.prune_deadline
+                                     ? job_.iterations * iter_flops / (3600.0 * job_.deadline_hours)
+                                     : 0.0;
+                    const double iter_blocks = d(c.work.num_microbatches) * L * c.block_flops;
+                    c.c0_blocks = job_.iterations / 3600.0 * d(dp) * iter_blocks;
+                    c.t0_blocks = job_.iterations / 3600.0 * iter_blocks;
+                    c.block_rate_min = opt_.enforce_deadline && opt_.prune_deadline
+                                           ? job_.iterations * iter_blocks / (3600.0 * job_.deadline_hours)
+                                           : 0.0;
+                    const StateShards shards = state_shards(sh, dp);
+                    const double states = params_.bytes_per_weight / shards.weights +
+                                          params_.bytes_per_grad / shards.grads +
+                                          job_.optimizer_bytes_per_param / shards.optimizer;
+                    const double bp = block_params(model_);
+                    if (dp > 1) {
+                        // What of the cost model's DP traffic is surely exposed, for one
+                        // block over a 1 GB/s link, split into its latency and its per-GB/s
+                        // part: the gradients' all-reduce (or reduce-scatter) unless it
+                        // overlaps the backward, and ZeRO's all-gather of the weights after
+                        // the step. FSDP's traffic can hide entirely under compute.
+                        const double lat = 2.0 * d(dp - 1) * params_.link_latency_s;
+                        const double grads = ring_allreduce_s(bp * params_.bytes_per_grad, dp, 1.0, params_) - lat;
+                        const double weights = ring_allreduce_s(bp * params_.bytes_per_weight, dp, 1.0, params_) - lat;
+                        const bool hidden = params_.overlap_grad_reduce;
+                        switch (sh) {
+                            case Sharding::None:
+                                if (!hidden) c.k_ar = grads, c.lat_ar = lat;
+                                break;
+                            case Sharding::Zero1:
+                                c.k_ar = 0.5 * weights + (hidden ? 0.0 : 0.5 * grads);
+                                c.lat_ar = hidden ? 0.5 * lat : lat;
+                                break;
+                            case Sharding::Zero2:
+                                c.k_ar = 0.5 * weights, c.lat_ar = 0.5 * lat;
+                                break;
+                            case Sharding::Full:
+                                break;
+                        }
+                    }
+                    c.k_opt = bp / shards.optimizer *
+                              params_.optimizer_step_bytes_per_param /
+                              (kGB * params_.memory_bandwidth_efficiency);
+                    // Activations: at least each block's input (split over the widest TP
+                    // group under sequence parallelism).
+                    const double input_split = job_.sequence_parallel ? d(opt_.max_tp) : 1.0;
+                    c.need_bytes = total_params(model_) * states +
+                                   L * d(job_.seq_len) * d(b) * d(model_.hidden_size) *
+                                       params_.bytes_per_activation * min_act_scale_ / input_split;
+                    c.suffix_rate.assign(order_.size() + 1, 0.0);
+                    c.suffix_cap.assign(order_.size() + 1, 0.0);
+                    for (std::size_t p = order_.size(); p-- > 0;) {
+                        const auto t = static_cast<std::size_t>(order_[p]);
+                        const double per_replica = d(gpus_[t].count / dp);
+                        c.suffix_rate[p] = c.suffix_rate[p + 1] + per_replica * rate_[t];
+                        c.suffix_cap[p] = c.suffix_cap[p + 1] + per_replica * cap_[t];
+                    }
+                    c.max_layers.resize(gpus_.size());
+                    c.max_layers_k.resize(gpus_.size());
+                    c.max_stages = std::min(opt_.max_stages, model_.num_layers);
+                    if (c.work.schedule == Schedule::OneFOneB && c.work.num_microbatches > 1) {
+                        c.max_stages = std::min(c.max_stages, c.work.num_microbatches);
+                    }
+                    // Each GPU group of an interleaved plan holds at least v blocks.
+                    c.max_stages = std::min(c.max_stages, model_.num_layers / v);
+                    c.kin = c.work.schedule == Schedule::GPipe
+                                ? 1
+                                : std::max<std::int64_t>(1, std::min(std::min(opt_.max_stages, model_.num_layers),
+                                                                    c.work.num_microbatches));
+                    Workload lenient = c.work;
+                    lenient.schedule = Schedule::GPipe;
+                    lenient.num_microbatches = 1;
+                    for (const std::int64_t t : order_) {
+                        if (sw.expired(16)) return false;
+                        const auto st = static_cast<std::size_t>(t);
+                        for (const std::int64_t w : widths_[st]) {
+                            // Memory grows with the blocks held: the most that fit, by bisection.
+                            auto fits = [&](std::int64_t n) {
+                                const StageEstimate e = stage_cost(model_, gpus_[st], params_, lenient,
+                                                                   w, n, 1, 3);
+                                return e.memory_bytes <= e.capacity_bytes;
+                            };
+                            std::int64_t lo = 0, hi = model_.num_layers;  // fits(lo) (or lo = 0)
+                            while (lo < hi) {
+                                const std::int64_t mid = lo + (hi - lo + 1) / 2;
+                                if (fits(mid)) lo = mid;
+                                else hi = mid - 1;
+                            }
+                            c.max_layers[st].push_back(lo);
+                            c.max_layers_k[st].push_back(layers_in_flight(c, st, w, lo));
+                        }
+                    }
+                    prepare_options(c);
+                    combos_.push_back(std::move(c));
+                  }
+                }
+            }
+        }
+    }
+    return true;
+}
+
+// Blocks a middle stage of `tp` GPUs of type st can hold with k = 1..c.kin micro-batches
+// in flight (GPipe: M). A middle stage's memory is states + k activations per block, plus
+// a transient: n (S + k A) + T, so the most blocks are (U - T) / (S + k A); the slopes come
+// from the cost model itself, the quotient is rounded up (an upper bound), and never above
+// `lenient` (the exact count with one micro-batch in flight).
+std::vector<std::int64_t> Tree::layers_in_flight(const Combo& c, std::size_t st, std::int64_t tp,
+                                           std::int64_t lenient) const {
+    std::vector<std::int64_t> out;
+    const GpuSpec& g = gpus_[st];
+    auto mem = [&](std::int64_t n, std::int64_t k) {
+        Workload w = c.work;
+        w.schedule = Schedule::GPipe;
+        w.num_microbatches = k;
+        return stage_cost(model_, g, params_, w, tp, n, 1, 3).memory_bytes;
+    };
+    const std::int64_t k0 = c.work.schedule == Schedule::GPipe ? c.work.num_microbatches : 1;
+    const double m1 = mem(1, k0), m2 = mem(2, k0);
+    const double per_block = m2 - m1;                          // S + k0 A
+    const double act = k0 == 1 ? mem(1, 2) - m1 : 0.0;         // A (1F1B only)
+    const double base = m1 - per_block;                         // T
+    const double usable = usable_bytes(g, params_);
+    for (std::int64_t k = 1; k <= c.kin; ++k) {
+        const double slope = per_block + d(k - 1) * act;
+        std::int64_t n = lenient;
+        if (slope > 0 && std::isfinite(slope)) {
+            const double q = (usable - base) / slope * (1 + 1e-9);
+            n = q < 0 ? 0 : static_cast<std::int64_t>(std::min(d(lenient), std::floor(q)));
+        }
+        out.push_back(std::min(n, lenient));
+    }
+    return out;
+}
+
+void Tree::prepare_options(Combo& c) const {
+    const std::int64_t L = model_.num_layers;
+    c.options.resize(gpus_.size());
+    c.block_s.resize(gpus_.size());
+    c.head_s.resize(gpus_.size());
+    for (const std::int64_t t : order_) {
+        for (const std::int64_t w : widths_[static_cast<std::size_t>(t)]) {
+            c.block_s[static_cast<std::size_t>(t)].push_back(block_time(c, t, w));
+            c.head_s[static_cast<std::size_t>(t)].push_back(head_time(c, t, w));
+        }
+    }
+    for (const std::int64_t t : order_) {
+        const auto st = static_cast<std::size_t>(t);
+        Combo::Option& o = c.options[st];
+        o.avail = gpus_[st].count / c.work.dp;
+        if (o.avail < 1) continue;
+        double bw_gpu = 0;
+        for (std::size_t wi = 0; wi < widths_[st].size(); ++wi) {
+            const std::int64_t w = widths_[st][wi];
+            if (w > o.avail) break;
+            const std::int64_t cap = opt_.prune_memory ? c.max_layers[st][wi] : L;
+            if (cap < 1) continue;
+            const double bt = c.block_s[st][wi];
+            o.widths.emplace_back(bt, cap);
+            o.head.push_back(c.head_s[st][wi]);
+            o.t_min = std::min(o.t_min, bt);
+            o.t_max = std::max(o.t_max, bt);
+            if (w > 1) o.tp = true;
+            o.bw_slot = std::max(o.bw_slot, stage_bw(c, t, w));
+            bw_gpu = std::max(bw_gpu, stage_bw(c, t, w) / d(w));
+            o.hbm_slot = std::max(o.hbm_slot, d(w) * gpus_[st].mem_bandwidth_gbs);
+        }
+        o.bw_all = d(o.avail) * bw_gpu;
+        o.hbm_all = d(o.avail) * gpus_[st].mem_bandwidth_gbs;
+    }
+}
+
+std::vector<Node> Tree::roots() const {
+    std::vector<Node> out;
+    for (std::size_t c = 0; c < combos_.size(); ++c) {
+        Node root;
+        root.combo = static_cast<std::int32_t>(c);
+        root.ext_lb = ext_bound(root, combos_[c]);
+        root.full = true;
+        root.lb = std::min(own_bound(root, combos_[c]), root.ext_lb);
+        if (std::isfinite(root.lb)) out.push_back(std::move(root));
+    }
+    return out;
+}
+
+}  // namespace espresso::search_detail

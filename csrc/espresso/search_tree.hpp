@@ -1,0 +1,87 @@
+// The cost tree: how it is prepared (search_prepare.cpp) and how a node expands
+// (search_expand.cpp), the Problem the best-first engine (best_first.hpp) runs.
+//
+// The tree's first level is the combinations; below, each node adds stages of one later GPU
+// type. Every node holding at least one stage is also a complete allocation, whose stage
+// order and layer split the placer finds exactly. Children are generated within every
+// type's availability and cut by the bounds (cost, deadline, memory) and by dominance (a type
+// no better than an earlier one that still has room for all of its stages).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "espresso/best_first.hpp"
+#include "espresso/clock.hpp"
+#include "espresso/search_bounds.hpp"
+
+namespace espresso::search_detail {
+
+class Tree : public Bounds {
+public:
+    using Node = search_detail::Node;
+    using Order = NodeOrder;
+    using Bounds::Bounds;
+
+    // ---------------------------------------------------------------- preparation
+    // The types in the search's order, their rates, widths and dominators.
+    void prepare_types();
+    // One Combo per combination; false when the time ran out first.
+    bool prepare_combos(Stopwatch& sw);
+    // The first level: each combination whose bound is finite.
+    std::vector<Node> roots() const;
+
+    // The limits an expansion keeps (the placer's included): the deadline, the cancel flag,
+    // and the engine's incumbent.
+    void limits(Clock::time_point deadline, const std::atomic<bool>* cancel,
+                const std::atomic<double>* incumbent) {
+        deadline_ = deadline;
+        cancel_ = cancel;
+        incumbent_ = incumbent;
+    }
+
+    // ---------------------------------------------------------------- the engine's Problem
+    static PlanKey key(const SearchPlan& p) { return key_of(p); }
+    // A child's completion bound waits until it leaves the frontier (most are cut first).
+    bool lazy(const Node& n) const { return !n.full; }
+    double tighten(Node& n, double thr) const {
+        const Combo& c = combos_[static_cast<std::size_t>(n.combo)];
+        n.ext_lb = ext_bound(n, c, thr, true);
+        n.full = true;
+        return std::min(n.own, n.ext_lb);
+    }
+    void expand(const Node& node, double thr, std::vector<Node>& children, Local& local) {
+        process(node, thr, children, local);
+    }
+
+private:
+    bool dominates(std::int64_t i, std::int64_t j) const;
+
+    std::vector<std::int64_t> layers_in_flight(const Combo& c, std::size_t st, std::int64_t tp,
+                                               std::int64_t lenient) const;
+
+    void prepare_options(Combo& c) const;
+
+    void process(const Node& node, double thr, std::vector<Node>& children, Local& local);
+
+    void enumerate(const Node& node, const Combo& c, std::size_t p,
+                   const std::vector<std::int64_t>& ws, std::int64_t per_replica,
+                   std::int64_t room, std::size_t wi, std::int64_t used_gpus,
+                   std::int64_t used_stages, std::vector<std::int64_t>& counts, double thr,
+                   std::vector<Node>& children, Local& local);
+
+    void make_child(const Node& node, const Combo& c, std::size_t p,
+                    const std::vector<std::int64_t>& ws, const std::vector<std::int64_t>& counts,
+                    std::int64_t gpus_per_replica, std::int64_t stages, double thr,
+                    std::vector<Node>& children, Local& local);
+
+    void place_allocation(const Node& node, const Combo& c, double thr, Local& local);
+
+    Clock::time_point deadline_ = Clock::time_point::max();
+    const std::atomic<bool>* cancel_ = nullptr;
+    const std::atomic<double>* incumbent_ = nullptr;
+};
+
+}  // namespace espresso::search_detail
