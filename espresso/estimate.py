@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import cache
 from typing import Any, Protocol
 
 from ._native import core
@@ -213,6 +214,12 @@ def _reason(issue: Any, plan: PlanLike, names: list[str], res: Any, catalog: Cat
     return f"{where}: {k.name}"  # pragma: no cover - every kind is handled above
 
 
+@cache
+def _builtin_with_spot(name: str) -> Catalog:
+    """A built-in catalog with its spot rows, made once."""
+    return with_spot(Catalog.builtin(name))
+
+
 def _catalog_of(plan: PlanLike, catalog: Catalog | Table | None) -> Catalog:
     """The catalog given, else the built-in one the plan was made with."""
     if isinstance(catalog, Catalog):
@@ -222,12 +229,12 @@ def _catalog_of(plan: PlanLike, catalog: Catalog | Table | None) -> Catalog:
         raise SpecError(msg)
     # Plans that name offers come from the cloud snapshot; older plans (GPU types only)
     # from the GPU-type reference catalog they were made with.
-    catalog = Catalog.builtin("cloud" if any(st.offer and "/" in st.offer
-                                             for st in plan.stages) else "gpus")
+    name = "cloud" if any(st.offer and "/" in st.offer for st in plan.stages) else "gpus"
+    catalog = Catalog.builtin(name)
     if any(st.market == "spot" for st in plan.stages):
         # The interruption terms the plan was made with (its rent list), else the
         # providers' defaults.
-        catalog = _with_recorded_terms(with_spot(catalog), plan)
+        catalog = _with_recorded_terms(_builtin_with_spot(name), plan)
     return catalog
 
 

@@ -209,22 +209,6 @@ def as_profiles(profiles: Any) -> dict[str, Profile]:
     return out
 
 
-def apply_profiles(specs: list[Any], names: list[str], catalog: Any, model: Any,
-                   cost: CostParams, profiles: Mapping[str, Profile]) -> None:
-    """Set the profile factors on the core GpuSpecs (``specs[i]`` is type ``names[i]``)."""
-    if not profiles:
-        return
-    models = {g.model for g in catalog}
-    for gpu in profiles:
-        if gpu not in models:
-            catalog.index(gpu)  # an unknown GPU type is an error, not silently ignored
-    for spec, name in zip(specs, names, strict=True):
-        row = catalog[name]
-        if row.model in profiles:  # a profile is of a GPU model, wherever it is rented
-            for k, val in profiles[row.model].factors(model, row, cost).items():
-                setattr(spec, k, val)
-
-
 # ---------------------------------------------------------------------- measuring (torch)
 def _timer(torch: Any, device: Any) -> Callable[[Callable[[], Any]], float]:
     if device.type == "cuda":

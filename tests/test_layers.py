@@ -132,7 +132,8 @@ def layer_of(name: str) -> int:
         for pat in pats:
             if name == pat or (pat.endswith(".*") and name.startswith(pat[:-1])):
                 return i
-    raise AssertionError(f"{name} is in no layer: add it to LAYERS and docs/development.md")
+    msg = f"{name} is in no layer: add it to LAYERS and docs/development.md"
+    raise AssertionError(msg)
 
 
 def test_the_graph_is_read() -> None:
