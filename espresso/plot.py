@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import _core as core
 from . import _io
+from ._native import core
 from ._optional import require
 from .errors import SpecError
 from .plan import Plan

@@ -185,3 +185,8 @@ def test_imports_point_down(layer: str) -> None:
            for m in sorted(g) if LAYERS[layer_of(m)][0] == layer
            for d in sorted(g[m]) if layer_of(d) > layer_of(m)]
     assert not bad, "imports up the layers:\n" + "\n".join(bad)
+
+
+def test_only_native_imports_the_compiled_core() -> None:
+    g = graph(packages=False)
+    assert sorted(m for m, deps in g.items() if "espresso._core" in deps) == ["espresso._native"]
