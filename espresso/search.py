@@ -13,7 +13,7 @@ from typing import Any
 from . import _validate as v
 from ._native import core
 from .catalog import Catalog, GpuType
-from .cloud.domains import SCOPES, locations_of, subproblems
+from .cloud.domains import SCOPES, Subproblem, locations_of, subproblems
 from .cost import CostParams
 from .errors import EspressoError, SpecError
 from .estimate import RECOMPUTE_CORE, SHARDING_CORE, _workload, estimate
@@ -208,7 +208,7 @@ def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | 
     return o
 
 
-def _job_workload(job: Job, sp: Any = None, *,
+def _job_workload(job: Job, sp: Subproblem | None = None, *,
                   sequence_parallel: bool = False) -> Any:
     w = core.Workload()
     w.sequence_parallel = sequence_parallel
@@ -363,7 +363,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     dims, core_cost = job.model._dims(), cost._core()
 
     def solve(task: Task, limit: float | None, threads_each: int, incumbent: float) -> Solved:
-        sp, rows, specs = task.payload
+        sp, rows, specs = task.payload.sp, task.payload.rows, task.payload.specs
         o = options(time_limit_s=None, threads=threads_each)
         o.monitor = opts.monitor
         o.shared = shared
@@ -393,14 +393,14 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     stats = _search_stats(outcome, objective=objective, subproblems=total,
                           seconds=time.perf_counter() - started,
                           interrupted=progress is not None and progress.cancelled,
-                          domain=tasks[outcome.found[0][2]].payload[0].label
+                          domain=tasks[outcome.found[0][2]].payload.sp.label
                           if outcome.found else None)
     show_domain = catalog.has_offers or len(tasks) > 1
     plans = []
     for i, (_, p, n) in enumerate(outcome.found):
-        sp, rows, _ = tasks[n].payload
-        plans.append(_to_plan(p, job, table, rows, {**stats.to_dict(), "rank": i + 1},
-                              sp.domain(scope) if show_domain or sp.spans else None))
+        sub = tasks[n].payload
+        plans.append(_to_plan(p, job, table, sub.rows, {**stats.to_dict(), "rank": i + 1},
+                              sub.sp.domain(scope) if show_domain or sub.sp.spans else None))
 
     # 4. Interleaved where that is better: a refinement outside the proof.
     if chunks:
@@ -428,6 +428,15 @@ def _sequence_parallel(sequence_parallel: bool | None, job: Job, max_tp: int) ->
         widest = 1 << (max_tp.bit_length() - 1)
         sequence_parallel = job.seq_len % widest == 0
     return v.boolean("sequence_parallel", sequence_parallel)
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A subproblem ready for the core: its domain, its catalog rows, their native specs."""
+
+    sp: Subproblem
+    rows: list[GpuType]
+    specs: list[Any]
 
 
 def _tasks(job: Job, table: Table, scope: str, *, by_cost: bool, cut_deadline: bool,
@@ -465,14 +474,15 @@ def _tasks(job: Job, table: Table, scope: str, *, by_cost: bool, cut_deadline: b
                         default=math.inf)
         else:
             bound = hours
-        prepared.append((bound, len(prepared), Task(bound=bound, payload=(sp, rows, specs))))
+        prepared.append((bound, len(prepared),
+                         Task(bound=bound, payload=_Prepared(sp=sp, rows=rows, specs=specs))))
     prepared.sort(key=lambda t: (t[0], t[1]))
     # Subproblems with the same content (same prices, GPUs, links, counts: e.g. a provider
     # that prices every region alike) have the same best plans: only the first is searched.
     seen: set[tuple[Any, ...]] = set()
     tasks = []
     for _, _, task in prepared:
-        sp, rows, specs = task.payload
+        sp, rows, specs = task.payload.sp, task.payload.rows, task.payload.specs
         content = (sp.crossing, tuple(
             (g.model, g.instance_type, g.gpus_per_node, g.price_per_hour, g.count,
              g.intra_node_gbs, g.inter_node_gbs, g.efficiency) for g in rows),

@@ -7,7 +7,10 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -336,3 +339,18 @@ def test_pool_workers_leave_ctrl_c_to_the_parent() -> None:
     with _worker_pool(1) as pool:
         assert pool.submit(signal.getsignal, signal.SIGINT).result(timeout=120) == (
             signal.SIG_IGN)
+
+
+def test_the_committed_paper_results_report_as_committed(tmp_path: Path) -> None:
+    """`espresso bench report` reads the repository's own results folder (frontier rows carry
+    their figures in their frontier files, not in the row) and writes its summary again."""
+    src = Path(__file__).parents[1] / "bench/results/paper"
+    out = tmp_path / "paper"
+    shutil.copytree(src, out)
+    rows = read_rows(out)
+    frontier_rows = [r for r in rows if r["planner"] == "frontier"]
+    assert frontier_rows and all(r["found"] and r["usd"] is None for r in frontier_rows)
+    r = subprocess.run([sys.executable, "-m", "espresso.cli", "bench", "report", str(out)],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    assert (out / "summary.md").read_text() == (src / "summary.md").read_text()
