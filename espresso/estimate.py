@@ -290,7 +290,8 @@ def estimate(plan: PlanLike, catalog: Catalog | Table | None = None, *,
         keys.append(row.name)
         if row.name not in names:
             names.append(row.name)
-    rows = [catalog[n] for n in names]
+    where = [catalog.index(n) for n in names]
+    rows = [catalog.gpus[i] for i in where]
     profs = plan.profiles if profiles is None else as_profiles(profiles)
     if table is None or not table.serves(plan.job.model, params, profs,
                                          [g.model for g in rows]):
@@ -298,7 +299,7 @@ def estimate(plan: PlanLike, catalog: Catalog | Table | None = None, *,
     # A plan spanning zones or regions: links between instances at most the domain's
     # cross-location figure (docs/catalog.md, "Scopes").
     dom = plan.domain or {}
-    specs = table.specs([catalog.index(n) for n in names],
+    specs = table.specs(where,
                         float(dom["cross_link_gbps"])
                         if dom.get("spans") and dom.get("cross_link_gbps") else None)
     core_stages = [

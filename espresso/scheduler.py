@@ -81,10 +81,6 @@ class Outcome:
     lower_bound: float
     gap: float
 
-    @property
-    def best(self) -> float:
-        return self.found[0][0][0] if self.found else math.inf
-
 
 @dataclass(slots=True)
 class Scheduler:
