@@ -33,3 +33,7 @@ class ProfileError(SpecError):
 
 class MissingExtraError(EspressoError, ImportError):
     """An optional dependency is not installed."""
+
+
+class TrainError(EspressoError, ValueError):
+    """A training run's settings or data are unusable (``espresso train``)."""

@@ -358,4 +358,6 @@ def estimate(plan: PlanLike, catalog: Catalog | Table | None = None, *,
         transfer_usd=res.transfer_usd,
         rent=rent_list(rows, list(res.gpus_used), list(res.instances)),
         spot=_spot(res, job),
+        model_flops_per_iteration=res.model_flops_per_iteration,
+        peak_flops=peak,
     )

@@ -178,6 +178,12 @@ class Estimate:
     spot: SpotEstimate | None = None
     """Interruptions, checkpoints and the deadline at confidence, for a plan with spot
     instances (``None`` without)."""
+    model_flops_per_iteration: float = 0.0
+    """The model's FLOPs per iteration (forward and backward, no recomputation), the count
+    :attr:`mfu` divides by; 0 in plans written before it was recorded."""
+    peak_flops: float = 0.0
+    """Peak dense bf16 FLOP/s of the GPUs the stages use, the denominator of :attr:`mfu`; 0 in
+    plans written before it was recorded."""
 
     @property
     def bottleneck(self) -> StageEstimate:
@@ -204,7 +210,8 @@ class Estimate:
 
     @classmethod
     def from_dict(cls, data: Any) -> Estimate:
-        optional = ("instances", "idle_gpus", "transfer_gb", "transfer_usd", "rent", "spot")
+        optional = ("instances", "idle_gpus", "transfer_gb", "transfer_usd", "rent", "spot",
+                    "model_flops_per_iteration", "peak_flops")
         data = _checked("estimate", cls, data, optional, special=("stages", "rent", "spot"))
         for key in ("stages", "rent"):
             if not isinstance(data.get(key, []), list):

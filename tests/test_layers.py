@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("search", ["espresso.progress", "espresso.scheduler", "espresso.search",
                 "espresso.frontier", "espresso.baselines"]),
     ("runner", ["espresso.runner", "espresso.runner.*", "espresso.launch", "espresso.torch"]),
+    ("training", ["espresso.train", "espresso.train.*"]),
     ("tools", ["espresso.bench", "espresso.bench.*", "espresso.plot", "espresso.calibrate",
                "espresso.gpu", "espresso.cloud.skypilot_export"]),
     ("interface", ["espresso.cli", "espresso.cli.*", "espresso"]),

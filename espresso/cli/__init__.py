@@ -19,7 +19,7 @@ from rich.markup import escape
 
 from .. import __version__
 from ..errors import EspressoError
-from . import _common, _streams, bench, export, frontier, info, launch, measure, planning
+from . import _common, _streams, bench, export, frontier, info, launch, measure, planning, train
 
 __all__ = ["build_parser", "main"]
 
@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     frontier.register(sub)
     measure.register(sub)
     launch.register(sub)
+    train.register(sub)
     export.register(sub)
     bench.register(sub)
     return parser
@@ -76,7 +77,9 @@ PATH_ARGS = {"catalog": "--catalog", "quota": "--quota", "job": "--job",
              "cost_model": "--cost-model", "profile": "--profile", "json": "--json",
              "plot": "--plot", "out": "--out", "cost_out": "--cost-out", "bench": "--bench",
              "hosts": "--hosts", "out_dir": "--out-dir", "plan": "PLAN", "suite": "SUITE",
-             "dir": "DIR", "script": "--script", "workdir": "--workdir", "model": "--model"}
+             "dir": "DIR", "script": "--script", "workdir": "--workdir", "model": "--model",
+             "data": "--data", "metrics": "--metrics", "tokenizer": "--tokenizer",
+             "checkpoint_dir": "--checkpoint-dir"}
 """Arguments that name a file or folder (by ``dest``): an empty one is refused up front, not
 read as "not given" or as the current folder."""
 
