@@ -292,7 +292,7 @@ def test_export_reads_the_catalog_it_is_given(tmp_path: Path,
     assert not (tmp_path / "sky").exists()
 
 
-@pytest.mark.parametrize("port", ["-1", "0", "65535", "70000", "x"])
+@pytest.mark.parametrize("port", ["-1", "0", "65536", "70000", "x"])
 def test_ports_are_checked(port: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text("hosts:\n  - {address: 10.0.0.1, gpu: A100-80GB, gpus: 8}\n"
@@ -302,8 +302,11 @@ def test_ports_are_checked(port: str, tmp_path: Path, capsys: pytest.CaptureFixt
                   f"--port={port}"]):
         with pytest.raises(SystemExit):
             main(argv)
-        assert "expected a port from 1 to 65534" in capsys.readouterr().err
-    assert main(["launch", str(EXAMPLE), "--hosts", str(hosts), "--port", "65534"]) == 0
+        assert "expected a port from 1 to 65535" in capsys.readouterr().err
+    assert main(["launch", str(EXAMPLE), "--hosts", str(hosts), "--port", "65535"]) == 0
+    out = capsys.readouterr().out
+    # One port: torchrun's store and the process group share it.
+    assert "--master-port=65535 " in out and "MASTER_PORT" not in out
     from espresso.runner.launch import LaunchError, load_hosts, torchrun_commands
 
     with pytest.raises(LaunchError, match="master_port"):

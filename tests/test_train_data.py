@@ -231,3 +231,25 @@ def test_compare_refuses_metrics_of_another_plan(tmp_path: Path) -> None:
     mf.write_text("")
     with pytest.raises(TrainError, match="no run line"):
         read_metrics(mf)
+
+
+def test_a_local_hugging_face_tokenizer(tmp_path: Path) -> None:
+    """A tokenizer.json (trained here on the example text): its ids, its end-of-text token
+    found by name, and a model too small for its vocabulary refused."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel()
+    tok.train([str(TEXT)], tokenizers.trainers.BpeTrainer(vocab_size=300,
+                                                          special_tokens=["<unk>", "</s>"]))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    t = td.open_tokenizer(str(tmp_path))  # the folder holding it
+    assert t.eos_id == 1 and t.vocab_size == 300
+    ids = t.encode("Espresso is coffee")
+    assert ids.tolist() == tok.encode("Espresso is coffee").ids
+    with pytest.raises(TrainError, match="has 300 ids but the model 'm' has a vocabulary"):
+        td.check_tokenizer(t, 264, "m")
+    with pytest.raises(TrainError, match="--eos-id: expected an id below"):
+        td.open_tokenizer(str(tmp_path / "tokenizer.json"), eos_id=999)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(TrainError, match="cannot read"):
+        td.open_tokenizer(str(tmp_path / "bad.json"))

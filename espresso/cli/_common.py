@@ -149,7 +149,7 @@ def write_json(what: str, path: str, data: Any) -> None:
 
 
 def port(text: str) -> int:
-    """``--port``: a TCP port for the process group (torchrun's rendezvous takes the next)."""
+    """``--port``: the TCP port of the process group (and of torchrun's rendezvous)."""
     from ..runner.launch import MAX_PORT
 
     try:
@@ -157,8 +157,7 @@ def port(text: str) -> int:
     except ValueError:
         value = -1
     if not 1 <= value <= MAX_PORT:
-        msg = (f"expected a port from 1 to {MAX_PORT} (the next port is used too), "
-               f"got {text!r}")
+        msg = f"expected a port from 1 to {MAX_PORT}, got {text!r}"
         raise argparse.ArgumentTypeError(msg)
     return value
 

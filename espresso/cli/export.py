@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from .. import _io
@@ -24,15 +25,19 @@ def cmd_export_skypilot(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         plan = replace(plan, estimate=estimate(plan, catalog))
-    files = export(plan, args.out, script=args.script, script_args=args.script_args or "",
-                   workdir=args.workdir, setup=args.setup, port=args.port,
-                   checkpoint_bucket=args.checkpoint_bucket)
+    done = export(plan, args.out, script=args.script, script_args=args.script_args or "",
+                  data=args.data, train_args=args.train_args or "", workdir=args.workdir,
+                  setup=args.setup, wheel=args.wheel, port=args.port,
+                  checkpoint_bucket=args.checkpoint_bucket)
     con = c.console()
-    con.print(f"Wrote {len(files)} files to {args.out}:")
-    for f in files:
-        con.print(f"  {f.name}")
+    con.print(f"Wrote {len(done.files)} files to {args.out}:")
+    root = Path(args.out).resolve()
+    for f in done.files:
+        con.print(f"  {f.resolve().relative_to(root)}")
     con.print(f"Start with: bash {args.out}/launch.sh   (after an interruption: "
               f"bash {args.out}/recover.sh)")
+    for note in done.notes:
+        con.print(f"Note: {note}")
     return c.EXIT_OK
 
 
@@ -48,14 +53,25 @@ def register(sub: Any) -> None:
         "interruption (docs/runner.md, \"Running on SkyPilot\").")
     s.add_argument("plan", help="plan JSON file")
     s.add_argument("--out", required=True, metavar="DIR", help="folder for the files")
-    s.add_argument("--script", default="train.py", help="training script (default train.py)")
-    s.add_argument("--script-args", default="", help="arguments for the script")
+    s.add_argument("--data",
+                   help="what espresso train reads on the nodes: a file or folder in the "
+                        "workdir, hf:NAME[:CONFIG][@SPLIT], or synthetic")
+    s.add_argument("--train-args", default="",
+                   help="more arguments for espresso train (e.g. \"--steps 1000 --lr 3e-4 "
+                        "--tokenizer meta-llama/Llama-2-7b-hf\")")
+    s.add_argument("--script",
+                   help="run this training script (a file in the workdir) instead of "
+                        "espresso train")
+    s.add_argument("--script-args", default="", help="arguments for --script")
     s.add_argument("--workdir", default=".",
                    help="folder SkyPilot syncs to every node (default: the current one)")
-    s.add_argument("--setup", default="pip install 'espresso-planner[torch]'",
-                   help="setup command of every node")
+    s.add_argument("--setup",
+                   help="setup command of every node (default: install espresso with its "
+                        "torch and train extras from its source tree, or from --wheel)")
+    s.add_argument("--wheel", metavar="FILE",
+                   help="install espresso on the nodes from this wheel or source archive")
     s.add_argument("--port", type=c.port, default=29500,
-                   help="process-group port (default 29500)")
+                   help="the port of the process group and torchrun's rendezvous (default 29500)")
     s.add_argument("--checkpoint-bucket", metavar="URI",
                    help="bucket mounted at /checkpoints on every node, where the script "
                         "checkpoints (--checkpoint-dir); required for spot plans")

@@ -17,6 +17,9 @@ class Network:
     source: str
     assumption: bool = False
     note: str = ""
+    fabric: str = ""
+    """The fabric the figure needs (``efa``, ``gpudirect-tcpx``, ...), switched on per task;
+    empty when plain networking gives it."""
 
     def per_gpu_gbs(self, gpus: int) -> float:
         """GB/s per GPU, one direction."""
@@ -35,7 +38,8 @@ def _families() -> list[tuple[re.Pattern[str], Network]]:
     for row in yaml.safe_load(text)["families"]:
         out.append((re.compile(str(row["match"])),
                     Network(float(row["gbps"]), str(row["source"]),
-                            bool(row.get("assumption", False)), str(row.get("note", "")))))
+                            bool(row.get("assumption", False)), str(row.get("note", "")),
+                            str(row.get("fabric", "")))))
     return out
 
 

@@ -15,7 +15,9 @@ offer needs no bucket for that).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +27,125 @@ from .. import _io
 from ..errors import PlanError
 from ..plan import Plan
 from ..runner.launch import Host, NodeAssignment, assign_hosts, node_command
+from .networks import network_for
 
 CHECKPOINT_MOUNT = "/checkpoints"
 MASTER_FILE = f"{CHECKPOINT_MOUNT}/espresso/master-addr"
 PLAN_PATH = "/tmp/espresso/plan.json"
-DEFAULT_SETUP = "pip install 'espresso-planner[torch]'"
+SOURCE_MOUNT = "/tmp/espresso/src"
+WHEEL_MOUNT = "/tmp/espresso/dist"
+EXTRAS = "torch,train"
+TRAIN = "-m espresso.train"
+RUN_DIR = "~/espresso-run"
+"""Where ``espresso train`` writes ``metrics.jsonl`` on the node of the last stage (and its
+checkpoints without a bucket)."""
+FABRIC_TIER = {"aws": "EFA", "gcp": "GPUDirect-TCPX/TCPXO"}
+"""Clouds where SkyPilot's ``network_tier: best`` switches on the fabric the plan's network
+figures assume (docs/catalog.md, "Network figures")."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRun:
+    """What every node installs and runs."""
+
+    script: str
+    """A file in the workdir (relative to it), or ``-m espresso.train``."""
+    script_args: str
+    setup: str
+    mounts: dict[str, str] = field(default_factory=dict)
+    """Extra file mounts (the package's source or wheel)."""
+
+
+def source_root() -> Path | None:
+    """The source tree this espresso was installed from (an editable or in-tree install),
+    or None (an installed wheel)."""
+    root = Path(__file__).resolve().parents[2]
+    pyproject = root / "pyproject.toml"
+    try:
+        text = pyproject.read_text()
+    except OSError:
+        return None
+    return root if re.search(r'^name\s*=\s*"espresso-planner"', text, re.M) else None
+
+
+def _inside(path: Path, folder: Path) -> Path | None:
+    try:
+        return path.resolve().relative_to(folder.resolve())
+    except ValueError:
+        return None
+
+
+def install_command(workdir: Path, *, setup: str | None = None,
+                    wheel: str | None = None) -> tuple[str, dict[str, str]]:
+    """The setup command that installs espresso with its torch and train extras on a node, and
+    the file mounts it needs: ``setup`` as given; else the ``wheel`` given (mounted); else
+    the source tree, from the synced workdir when it holds the tree, else mounted."""
+    if setup is not None:
+        return setup, {}
+    if wheel is not None:
+        path = Path(wheel)
+        if not path.is_file() or not path.name.endswith((".whl", ".tar.gz")):
+            msg = f"--wheel: {wheel!r} is not a wheel (.whl) or source archive (.tar.gz) file"
+            raise PlanError(msg)
+        target = f"{WHEEL_MOUNT}/{path.name}"
+        return (f'pip install "{target}[{EXTRAS}]"', {target: str(path.resolve())})
+    root = source_root()
+    if root is None:
+        msg = ("export: espresso was installed from a wheel, so there is no source tree to "
+               "install on the nodes: give --wheel FILE (build one with `pip wheel --no-deps .` "
+               "in espresso's source, or `pip download espresso-planner`) or --setup COMMAND")
+        raise PlanError(msg)
+    rel = _inside(root, workdir)
+    if rel is not None:  # the workdir (synced to every node) holds the source
+        where = "." if str(rel) == "." else f"./{rel.as_posix()}"
+        return f'pip install "{where}[{EXTRAS}]"', {}
+    return f'pip install "{SOURCE_MOUNT}[{EXTRAS}]"', {SOURCE_MOUNT: str(root)}
+
+
+def node_run(workdir: str | Path, *, script: str | None = None, script_args: str = "",
+             data: str | None = None, train_args: str = "", setup: str | None = None,
+             wheel: str | None = None) -> NodeRun:
+    """What the nodes run: ``espresso train`` on ``data`` (with ``train_args``), or the user's
+    ``script`` (which must be in the workdir, the folder SkyPilot syncs to every node)."""
+    work = Path(workdir)
+    if not work.is_dir():
+        msg = f"--workdir: {str(workdir)!r} is not a folder"
+        raise PlanError(msg)
+    command, mounts = install_command(work, setup=setup, wheel=wheel)
+    if script is not None:
+        if data is not None or train_args:
+            msg = "export: --data and --train-args go with espresso train, not with --script"
+            raise PlanError(msg)
+        path = Path(script)
+        rel = _inside(path if path.is_absolute() else work / path, work)
+        if rel is None or not (work / rel).is_file():
+            msg = (f"--script: {script!r} is not a file in the workdir {str(work.resolve())!r} "
+                   "(the folder SkyPilot syncs to every node; see --workdir)")
+            raise PlanError(msg)
+        return NodeRun(rel.as_posix(), script_args, command, mounts)
+    if script_args:
+        msg = "export: --script-args go with --script; for espresso train use --train-args"
+        raise PlanError(msg)
+    if data is None:
+        msg = ("export: give --data (a text/jsonl/token file or folder in the workdir, "
+               "hf:NAME[:CONFIG][@SPLIT], or synthetic) for espresso train, or --script FILE")
+        raise PlanError(msg)
+    if data != "synthetic" and not data.startswith("hf:"):
+        path = Path(data)
+        rel = _inside(path if path.is_absolute() else work / path, work)
+        if rel is None or not (work / rel).exists():
+            msg = (f"--data: {data!r} is not in the workdir {str(work.resolve())!r}: the nodes "
+                   "get the workdir only; give a path inside it, hf:NAME, or synthetic")
+            raise PlanError(msg)
+        data = rel.as_posix()
+    args = f"{PLAN_PATH} --data {shlex.quote(data)} --out {RUN_DIR}"
+    return NodeRun(TRAIN, f"{args} {train_args}".strip(), command, mounts)
+
+
+def fabric_of(instance_type: str) -> str:
+    """The fabric an instance type's network figure needs ('' when plain networking)."""
+    net = network_for(instance_type)
+    return net.fabric if net is not None else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,27 +202,27 @@ def layout(plan: Plan, groups: list[NodeGroup]) -> list[NodeAssignment]:
     return assign_hosts(plan, hosts)
 
 
-def _node_command(a: NodeAssignment, nnodes: int, world: int, script: str, script_args: str,
-                  port: int, checkpoint: bool) -> str:
-    args = script_args
+def _node_command(a: NodeAssignment, nnodes: int, world: int, run: NodeRun, port: int,
+                  checkpoint: bool) -> str:
+    args = run.script_args
     if checkpoint:
         args = f"{args} --checkpoint-dir {CHECKPOINT_MOUNT}/espresso".strip()
     return node_command(PLAN_PATH, a, nnodes=nnodes, world=world, master='"$MASTER_ADDR"',
-                        master_port=port, script=script, script_args=args)
+                        master_port=port, script=run.script, script_args=args)
 
 
-def task(plan: Plan, group: NodeGroup, nodes: list[NodeAssignment], *, script: str,
-         script_args: str, workdir: str, setup: str, port: int, checkpoint_bucket: str | None,
-         master: tuple[int, int], managed: bool = False,
-         plan_file: str = "plan.json") -> dict[str, Any]:
+def task(plan: Plan, group: NodeGroup, nodes: list[NodeAssignment], *, run: NodeRun,
+         workdir: str, port: int, checkpoint_bucket: str | None, master: tuple[int, int],
+         managed: bool = False, plan_file: str = "plan.json",
+         fast_network: bool = False) -> dict[str, Any]:
     """The SkyPilot task of one node group (a dict for ``yaml.safe_dump``)."""
     world = plan.num_gpus
     nnodes = len(nodes)
     cases = []
     for j in range(group.instances):
         mine = [a for a in nodes if a.host.address == group.host(j)]
-        cmds = [_node_command(a, nnodes, world, script, script_args, port,
-                              checkpoint_bucket is not None) for a in mine]
+        cmds = [_node_command(a, nnodes, world, run, port, checkpoint_bucket is not None)
+                for a in mine]
         body = (cmds[0] if len(cmds) == 1 else
                 " & ".join(cmds) + " & wait" if cmds else "echo 'no ranks on this node'")
         cases.append(f"  {j}) {body} ;;")
@@ -126,13 +242,18 @@ def task(plan: Plan, group: NodeGroup, nodes: list[NodeAssignment], *, script: s
     else:
         find = ('if [ -z "${MASTER_ADDR:-}" ]; then echo "MASTER_ADDR is not set: launch '
                 'with launch.sh" >&2; exit 2; fi\n')
-    run = ('if [ -n "${ESPRESSO_PROVISION_ONLY:-}" ]; then exit 0; fi\n' + find
-           + "set -x\n" + 'case "$SKYPILOT_NODE_RANK" in\n' + "\n".join(cases) + "\nesac\n")
+    run_step = ('if [ -n "${ESPRESSO_PROVISION_ONLY:-}" ]; then exit 0; fi\n' + find
+                + "set -x\n" + 'case "$SKYPILOT_NODE_RANK" in\n' + "\n".join(cases)
+                + "\nesac\n")
     resources: dict[str, Any] = {"cloud": group.provider, "region": group.region,
                                  "instance_type": group.instance_type,
                                  "use_spot": group.spot}
     if group.zone and group.zone.startswith(group.region):
         resources["zone"] = group.zone  # a zone name (not an AZ id such as use1-az6)
+    if fast_network:
+        # The fabric the plan's inter-node figures assume (EFA, GPUDirect-TCPX/TCPXO):
+        # SkyPilot's best network tier switches it on and sets NCCL's variables for it.
+        resources["network_tier"] = "best"
     if managed:
         # Recover in the same place (the plan's prices and links are this region's); a group
         # whose peers were reclaimed fails too and restarts, resuming from the checkpoint.
@@ -148,9 +269,9 @@ def task(plan: Plan, group: NodeGroup, nodes: list[NodeAssignment], *, script: s
         "resources": resources,
         "workdir": workdir,
         "envs": envs,
-        "file_mounts": {PLAN_PATH: plan_file},
-        "setup": setup,
-        "run": run,
+        "file_mounts": {PLAN_PATH: plan_file, **run.mounts},
+        "setup": run.setup,
+        "run": run_step,
     }
     if checkpoint_bucket is not None:
         out["file_mounts"][CHECKPOINT_MOUNT] = {"source": checkpoint_bucket, "mode": "MOUNT"}
@@ -177,21 +298,43 @@ def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-") or "plan"
 
 
-def export(plan: Plan, out: str | Path, *, script: str = "train.py", script_args: str = "",
-           workdir: str = ".", setup: str = DEFAULT_SETUP, port: int = 29500,
-           checkpoint_bucket: str | None = None) -> list[Path]:
-    """Write the SkyPilot tasks of ``plan`` and their scripts to folder ``out``; returns the
-    files written. Spot plans need ``checkpoint_bucket`` (a bucket URI SkyPilot can mount) so
-    that restarts resume."""
+@dataclass(frozen=True, slots=True)
+class Exported:
+    files: list[Path]
+    """Every file written, in order."""
+    notes: list[str]
+    """What the user should know: files not written and why, networks not switched on."""
+
+
+def export(plan: Plan, out: str | Path, *, script: str | None = None, script_args: str = "",
+           data: str | None = None, train_args: str = "", workdir: str = ".",
+           setup: str | None = None, wheel: str | None = None, port: int = 29500,
+           checkpoint_bucket: str | None = None) -> Exported:
+    """Write the SkyPilot tasks of ``plan`` and their scripts to folder ``out``. Each node
+    installs espresso (:func:`install_command`) and runs ``espresso train`` on ``data`` or the
+    user's ``script`` (:func:`node_run`). Spot plans need ``checkpoint_bucket`` (a bucket URI
+    SkyPilot can mount) so that restarts resume."""
     groups = node_groups(plan)
     if any(g.spot for g in groups) and checkpoint_bucket is None:
         msg = ("export: the plan rents spot instances; give --checkpoint-bucket (e.g. "
                "s3://my-bucket/run1) so that a restart resumes from the newest checkpoint")
         raise PlanError(msg)
+    run = node_run(workdir, script=script, script_args=script_args, data=data,
+                   train_args=train_args, setup=setup, wheel=wheel)
     nodes = layout(plan, groups)
     master_host = nodes[0].host.address  # holds rank 0
     master = next((g.index, j) for g in groups for j in range(g.instances)
                   if g.host(j) == master_host)
+    notes: list[str] = []
+    many_nodes = sum(g.instances for g in groups) > 1
+    fast: dict[int, bool] = {}
+    for g in groups:
+        fabric = fabric_of(g.instance_type)
+        fast[g.index] = bool(fabric) and many_nodes and g.provider in FABRIC_TIER
+        if fabric and many_nodes and not fast[g.index]:
+            notes.append(f"group {g.index} ({g.instance_type} on {g.provider}): the plan "
+                         f"assumes its {fabric} network, which the export cannot switch on "
+                         "there; re-plan with a catalog that gives it the plain network")
     folder = _io.make_dir("--out", out, err=PlanError)
     written = [_write(folder / "plan.json", plan.to_json())]
     workdir = str(Path(workdir).resolve())
@@ -199,9 +342,9 @@ def export(plan: Plan, out: str | Path, *, script: str = "train.py", script_args
     plan_file = str((folder / "plan.json").resolve())
     files = []
     for g in groups:
-        spec = task(plan, g, nodes, script=script, script_args=script_args, workdir=workdir,
-                    setup=setup, port=port, checkpoint_bucket=checkpoint_bucket, master=master,
-                    plan_file=plan_file)
+        spec = task(plan, g, nodes, run=run, workdir=workdir, port=port,
+                    checkpoint_bucket=checkpoint_bucket, master=master, plan_file=plan_file,
+                    fast_network=fast[g.index])
         name = f"group{g.index}.yaml"
         header = (f"# espresso: node group {g.index} of {len(groups)}: {g.instances} x "
                   f"{g.instance_type}{' (spot)' if g.spot else ''}, {g.provider} {g.region}\n")
@@ -212,17 +355,20 @@ def export(plan: Plan, out: str | Path, *, script: str = "train.py", script_args
     if len(groups) == 1 or checkpoint_bucket is not None:
         jobs = _io.make_dir("--out", folder / "jobs", err=PlanError)
         for g in groups:
-            spec = task(plan, g, nodes, script=script, script_args=script_args,
-                        workdir=workdir, setup=setup, port=port,
+            spec = task(plan, g, nodes, run=run, workdir=workdir, port=port,
                         checkpoint_bucket=checkpoint_bucket, master=master, managed=True,
-                        plan_file=plan_file)
+                        plan_file=plan_file, fast_network=fast[g.index])
             written.append(_write(jobs / f"group{g.index}.yaml",
                                   f"# espresso: node group {g.index} as a SkyPilot managed job "
                                   "(jobs.sh launches them all)\n" + _yaml(spec)))
         written.append(_write(folder / "jobs.sh", _jobs_script(groups), mode=0o755))
+    else:
+        notes.append(f"jobs.sh (SkyPilot managed jobs) is not written: the plan's {len(groups)} "
+                     "node groups find rank 0's address through a shared bucket; give "
+                     "--checkpoint-bucket for it")
     written.append(_write(folder / "launch.sh", _launch_script(files, master), mode=0o755))
     written.append(_write(folder / "recover.sh", _recover_script(files, master), mode=0o755))
-    return written
+    return Exported(written, notes)
 
 
 def _jobs_script(groups: list[NodeGroup]) -> str:

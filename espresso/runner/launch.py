@@ -265,8 +265,8 @@ def assign_hosts(plan: Plan, hosts: list[Host]) -> list[NodeAssignment]:
     return out
 
 
-MAX_PORT = 65534
-"""The highest process-group port: torchrun's rendezvous takes the next one."""
+MAX_PORT = 65535
+"""The highest port."""
 
 
 def torchrun_commands(plan_path: str, plan: Plan, hosts: list[Host], script: str, *,
@@ -288,14 +288,16 @@ def node_command(plan_path: str, n: NodeAssignment, *, nnodes: int, world: int, 
                  master_port: int, script: str, script_args: str = "") -> str:
     """One node's torchrun command: its ranks from the ``ESPRESSO_*`` environment, the
     process group at ``master`` (an address, or a shell expression such as
-    ``"$MASTER_ADDR"``). ``master_port`` and the port after it (torchrun's rendezvous) must
-    be valid TCP ports."""
+    ``"$MASTER_ADDR"``) and ``master_port``, one port: torchrun's agent on node 0 serves its
+    store there and hands it to the ranks (``MASTER_ADDR``/``MASTER_PORT``), which build the
+    process group on it. ``script`` is a file, or ``-m MODULE`` (``-m espresso.train``)."""
     master_port = v.integer("master_port", master_port, minimum=1, maximum=MAX_PORT,
                             err=LaunchError)
     env = (f"ESPRESSO_PLAN={shlex.quote(plan_path)} ESPRESSO_FIRST_RANK={n.first_rank} "
-           f"ESPRESSO_WORLD_SIZE={world} ESPRESSO_DEVICE_OFFSET={n.device_offset} "
-           f"MASTER_ADDR={master} MASTER_PORT={master_port}")
+           f"ESPRESSO_WORLD_SIZE={world} ESPRESSO_DEVICE_OFFSET={n.device_offset}")
+    target = (f"-m {shlex.quote(script[3:].strip())}" if script.startswith("-m ")
+              else shlex.quote(script))
     cmd = (f"{env} torchrun --nnodes={nnodes} --node-rank={n.node_rank} "
            f"--nproc-per-node={n.nproc} --master-addr={master} "
-           f"--master-port={master_port + 1} {shlex.quote(script)}")
+           f"--master-port={master_port} {target}")
     return f"{cmd} {script_args}" if script_args else cmd
