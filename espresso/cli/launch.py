@@ -24,8 +24,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.local:
         # A dry rehearsal on this machine: one CPU process per GPU of the plan, gloo.
         require("torch")
+        if args.script.startswith("-m "):
+            target = ["-m", args.script[3:].strip()]
+        elif not os.path.isfile(args.script):
+            msg = f"--script: {args.script!r} is not a file"
+            raise LaunchError(msg)
+        else:
+            target = [args.script]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={plan.num_gpus}", args.script, *shlex.split(args.script_args)]
+               f"--nproc-per-node={plan.num_gpus}", *target, *shlex.split(args.script_args)]
         env = {**os.environ, "ESPRESSO_PLAN": str(args.plan), "CUDA_VISIBLE_DEVICES": ""}
         # Each process stands for one GPU: one thread each (as a profile with --threads 1),
         # unless the caller says otherwise.
@@ -64,9 +71,12 @@ def register(sub: Any) -> None:
     p.add_argument("--hosts", metavar="FILE",
                    help="YAML: hosts: [{address: 10.0.0.1, gpu: A100-80GB, gpus: 8}, "
                         "{address: 10.0.0.2, instance_type: p4d.24xlarge}, ...]")
-    p.add_argument("--script", default="train.py", help="training script (default train.py)")
+    p.add_argument("--script", default="-m espresso.train",
+                   help="training script, or -m MODULE (default: -m espresso.train, which "
+                        "takes the plan and --data ... in --script-args)")
     p.add_argument("--script-args", default="", help="arguments for the script")
     p.add_argument("--port", type=c.port, default=29500,
-                   help="process-group port on the first host (default 29500)")
+                   help="the port of torchrun's rendezvous and the process group on the first "
+                        "host (default 29500)")
     p.add_argument("--out-dir", metavar="DIR", help="write node<i>.sh scripts instead")
     p.set_defaults(func=cmd_launch)

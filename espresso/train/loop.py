@@ -282,8 +282,9 @@ def run(opts: TrainOptions) -> int:
                 and plan.num_gpus > 1:
             msg = (f"the plan runs {plan.num_gpus} processes: rehearse it on this machine with "
                    f"`espresso train {opts.plan} --local ...`, start it on its nodes with "
-                   f"`espresso launch {opts.plan} --hosts FILE --script -m espresso.train`, or "
-                   "train the reference in one process with --reference")
+                   f"`espresso launch {opts.plan} --hosts FILE --script-args '--data ...'` "
+                   "(or torchrun -m espresso.train), or train the reference in one process "
+                   "with --reference")
             raise TrainError(msg)
         embedding, block, head = parts
         rt = et.setup(plan, embedding=embedding, blocks=block, num_blocks=spec.num_layers,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,9 @@ def _number(lo: float, hi: float, *, closed_lo: bool = True) -> Any:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("plan", help="plan JSON file (espresso plan --out)")
+    p.add_argument("plan", nargs="?", default=None,
+                   help="plan JSON file (espresso plan --json); default: $ESPRESSO_PLAN, which "
+                        "espresso launch sets")
     d = p.add_argument_group("data")
     d.add_argument("--data", required=True,
                    help="a text/markdown/jsonl file or a folder of them; tokens in a .npy or "
@@ -168,7 +171,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> TrainOptions:
     names = {f.name for f in fields(TrainOptions)}
-    opts = TrainOptions(**{k: v for k, v in vars(args).items() if k in names})
+    given = {k: v for k, v in vars(args).items() if k in names}
+    given["plan"] = given.get("plan") or os.environ.get("ESPRESSO_PLAN")
+    if not given["plan"]:
+        msg = "train: give the plan (PLAN, or $ESPRESSO_PLAN as espresso launch sets it)"
+        raise TrainError(msg)
+    opts = TrainOptions(**given)
     if opts.local and opts.reference:
         msg = "--local and --reference: choose one (the reference runs in this process)"
         raise TrainError(msg)
