@@ -240,3 +240,61 @@ def measure_cpu(cores: int | None = None) -> tuple[Catalog, CostParams]:
                       mem_gbs=round(measure_optimizer_gbs(cost=cost), 2),
                       link_gbs=round(link, 3))
     return cat, cost
+
+
+# ---------------------------------------------------------------------- from a training run
+def from_run(plan: Any, run: Any, catalog: Catalog | None = None,
+             cost: CostParams | None = None, *, skip: int = 2) -> tuple[CostParams, list[str]]:
+    """The cost model refitted to a training run of ``plan`` (``espresso train``'s
+    ``metrics.jsonl``, read as :class:`espresso.train.metrics.RunMetrics`): the
+    ``sustained_fraction`` (the fraction of the matmul benchmark's rate that the engine's
+    training step sustains) at which the estimate's iteration time equals the run's median
+    step time, found by bisection (the time falls as it rises). Everything else is kept: the
+    run is one equation, so it fits one constant, the engine's."""
+    from .estimate import estimate
+
+    h = run.header
+    gpus = sorted({s.gpu for s in plan.stages})
+    if h.get("reference"):
+        msg = "calibrate: a --reference run does not run the plan; give a run of the plan"
+        raise CatalogError(msg)
+    if h.get("device") == "cpu" and gpus != ["CPU"]:
+        msg = (f"calibrate: the run was a CPU rehearsal of a plan for {', '.join(gpus)}: its "
+               "times say nothing about those GPUs (calibrate a CPU plan, made on the "
+               "catalog of `espresso calibrate --cpu`, or a run on the plan's GPUs)")
+        raise CatalogError(msg)
+    timed = run.timed(skip) or run.timed(0)
+    if not timed:
+        msg = f"calibrate: {run.path} has no completed step"
+        raise CatalogError(msg)
+    measured = sorted(s["step_s"] for s in timed)[len(timed) // 2]
+    base = cost or plan.cost_model or CostParams()
+
+    def iteration_s(frac: float) -> float:
+        est = estimate(plan, catalog, cost_model=replace(base, sustained_fraction=frac))
+        return float(est.iteration_s)
+
+    fastest = iteration_s(1.0)
+    if fastest > measured:
+        msg = (f"calibrate: the run's step ({measured:.4g} s) is faster than the cost model "
+               f"allows even at sustained_fraction 1 ({fastest:.4g} s): its other constants "
+               "(the GPUs' efficiency and peak, links) are off; calibrate those first "
+               "(--bench or --profile)")
+        raise CatalogError(msg)
+    lo, hi = 1e-4, 1.0  # iteration_s(lo) >= measured >= iteration_s(hi), when reachable
+    if iteration_s(lo) < measured:
+        msg = (f"calibrate: the run's step ({measured:.4g} s) is slower than the cost model "
+               "gives at any compute rate: its time goes to what sustained_fraction does not "
+               "scale (communication, the optimizer); check the links and the run")
+        raise CatalogError(msg)
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if iteration_s(mid) > measured else (lo, mid)
+    frac = float(f"{hi:.4g}")
+    before = iteration_s(base.sustained_fraction)
+    engine = h.get("engine", "espresso")
+    changes = [f"sustained_fraction {base.sustained_fraction:g} -> {frac:g}: iteration "
+               f"{before:.4g} s predicted, {measured:.4g} s measured (median of "
+               f"{len(timed)} steps) for engine {engine} on {h.get('device_name')} "
+               f"({', '.join(gpus)})"]
+    return replace(base, sustained_fraction=frac), changes

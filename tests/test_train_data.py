@@ -253,3 +253,40 @@ def test_a_local_hugging_face_tokenizer(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(TrainError, match="cannot read"):
         td.open_tokenizer(str(tmp_path / "bad.json"))
+
+
+def test_calibrate_from_a_run_recovers_the_engine_rate(tmp_path: Path) -> None:
+    """A run whose steps take what the estimate gives at sustained_fraction 0.5: calibrate
+    --from-run finds 0.5 and writes a cost model that `espresso plan --cost-model` reads;
+    with it the plan's estimate is the run's step time. A CPU rehearsal of a GPU plan is
+    refused."""
+    from dataclasses import replace
+
+    from espresso.cli import main
+    from espresso.cli._common import load_cost_model
+
+    plan = es.Plan.from_json(ROOT / "examples" / "plans" / "tiny-llama-uneven.json")
+    pf = tmp_path / "plan.json"
+    pf.write_text(plan.to_json())
+    slow = es.estimate(plan, cost_model=replace(es.CostParams(), sustained_fraction=0.5))
+    mf = tmp_path / "m.jsonl"
+    w = MetricsWriter(mf, {**_header(pf, plan), "engine": "espresso"})
+    for k in range(6):
+        w.write({"kind": "step", "step": k, "index_in_run": k, "loss": 1.0,
+                 "step_s": 10.0 if k < 2 else slow.iteration_s})
+    w.close()
+    out = tmp_path / "cost.yaml"
+    assert main(["calibrate", "--from-run", str(mf), "--out", str(out)]) == 0
+    cost = load_cost_model(str(out))
+    assert cost is not None and cost.sustained_fraction == pytest.approx(0.5, rel=1e-3)
+    assert es.estimate(plan, cost_model=cost).iteration_s == pytest.approx(slow.iteration_s,
+                                                                           rel=1e-3)
+    cpu = tmp_path / "cpu.jsonl"
+    w = MetricsWriter(cpu, {**_header(pf, plan, device="cpu")})
+    w.write({"kind": "step", "step": 0, "loss": 1.0, "step_s": 1.0})
+    w.close()
+    from espresso.calibrate import from_run
+
+    with pytest.raises(es.CatalogError, match="CPU rehearsal of a plan for A100-80GB, L40S"):
+        from_run(plan, read_metrics(cpu))
+    assert main(["calibrate", "--from-run", str(cpu), "--out", str(tmp_path / "x.yaml")]) == 2

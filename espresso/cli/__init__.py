@@ -79,7 +79,8 @@ PATH_ARGS = {"catalog": "--catalog", "quota": "--quota", "job": "--job",
              "hosts": "--hosts", "out_dir": "--out-dir", "plan": "PLAN", "suite": "SUITE",
              "dir": "DIR", "script": "--script", "workdir": "--workdir", "model": "--model",
              "data": "--data", "metrics": "--metrics", "tokenizer": "--tokenizer",
-             "checkpoint_dir": "--checkpoint-dir"}
+             "checkpoint_dir": "--checkpoint-dir", "from_run": "--from-run",
+             "wheel": "--wheel"}
 """Arguments that name a file or folder (by ``dest``): an empty one is refused up front, not
 read as "not given" or as the current folder."""
 

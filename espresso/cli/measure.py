@@ -127,11 +127,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from .. import calibrate
 
     c.check_output("--out", args.out)
-    if sum(map(bool, (args.bench, args.profile, args.cpu))) != 1:
-        msg = "calibrate: give exactly one of --bench FILE, --profile FILE or --cpu"
+    if sum(map(bool, (args.bench, args.profile, args.cpu, args.from_run))) != 1:
+        msg = ("calibrate: give exactly one of --bench FILE, --profile FILE, --cpu or "
+               "--from-run METRICS")
         raise EspressoError(msg)
     if args.cpu:
         return _calibrate_cpu(args)
+    if args.from_run:
+        return _calibrate_from_run(args)
+    if args.plan or args.cost_model:
+        msg = "calibrate: --plan and --cost-model go with --from-run"
+        raise EspressoError(msg)
     if args.cost_out or args.cores is not None:
         msg = "calibrate: --cost-out and --cores go with --cpu"
         raise EspressoError(msg)
@@ -154,6 +160,37 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for change in changes:
         console.print(f"  {escape(change)}")
     console.print(f"Wrote the calibrated catalog to {args.out}")
+    return c.EXIT_OK
+
+
+def _calibrate_from_run(args: argparse.Namespace) -> int:
+    from .. import calibrate
+    from ..plan import Plan
+    from ..train.metrics import read_metrics
+
+    if args.gpu or args.cost_out or args.cores is not None:
+        msg = "calibrate --from-run fits the cost model: drop --gpu, --cost-out and --cores"
+        raise EspressoError(msg)
+    run = read_metrics(args.from_run)
+    plan_path = args.plan or run.header.get("plan")
+    if not plan_path:
+        msg = "calibrate: the metrics name no plan; give --plan PLAN"
+        raise EspressoError(msg)
+    plan = Plan.from_json(plan_path)
+    catalog = c.load_catalog(args.catalog) if args.catalog else None
+    cost, changes = calibrate.from_run(plan, run, catalog, c.load_cost_model(args.cost_model))
+    h = run.header
+    _io.write_text("--out", args.out,
+        f"# Written by `espresso calibrate --from-run {args.from_run}`: the cost model fitted "
+        f"to a run of\n# {plan_path} (engine {h.get('engine', 'espresso')}, "
+        f"{h.get('device_name')}, {h.get('precision')}). Use it with\n"
+        "# `espresso plan --cost-model THIS_FILE ...`.\n"
+        + yaml.safe_dump(cost.to_dict(only_changed=True), sort_keys=False))
+    console = c.console()
+    for change in changes:
+        console.print(f"  {escape(change)}")
+    console.print(f"Wrote the cost model to {args.out}; plan with it: espresso plan "
+                  f"--cost-model {args.out} ...")
     return c.EXIT_OK
 
 
@@ -237,6 +274,8 @@ def register(sub: Any) -> None:
         help="write measured rates (bench-gpu, a profile, or this CPU) into a catalog file",
         description="Set a GPU type's efficiency (and, from bench-gpu, memory bandwidth) from "
         "measurements, and write the catalog to --out for later plans (--catalog OUT). With "
+        "--from-run: fit the cost model to a training run (espresso train's metrics.jsonl) "
+        "and write it to --out (espresso plan --cost-model OUT). With "
         "--cpu: measure this machine and write a catalog in which each core is one GPU of "
         "type CPU, and a cost model for fp32 gloo processes (--cost-out), to rehearse and "
         "check plans with `espresso launch --local`.",
@@ -250,5 +289,13 @@ def register(sub: Any) -> None:
     p.add_argument("--bench", metavar="FILE", help="`espresso bench-gpu --json` output")
     p.add_argument("--profile", metavar="FILE", help="`espresso profile` output")
     p.add_argument("--gpu", help="catalog GPU type the bench result is of (default: its match)")
-    p.add_argument("--out", required=True, metavar="FILE", help="calibrated catalog YAML")
+    p.add_argument("--from-run", metavar="METRICS",
+                   help="metrics.jsonl of `espresso train`: fit the cost model's "
+                        "sustained_fraction to the run's step time and write the cost model "
+                        "to --out")
+    p.add_argument("--plan", metavar="FILE",
+                   help="with --from-run: the run's plan (default: the one its metrics name)")
+    c.add_cost_model_arg(p, "to start from, with --from-run (default: the plan's)")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="calibrated catalog YAML (with --from-run: cost-model YAML)")
     p.set_defaults(func=cmd_calibrate)
