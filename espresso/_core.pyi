@@ -255,6 +255,7 @@ class PlaceOptions:
     memo_limit: int
     ratio_order: bool
     even_split: bool
+    middle_equal: bool
     fixed_order: bool
     time_limit_s: float
     table_limit: int

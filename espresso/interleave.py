@@ -12,6 +12,7 @@ plan, not part of the proof: an interleaved plan of other GPUs could be cheaper 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -67,12 +68,14 @@ def rank_key(est: Any, objective: str) -> tuple[float, float]:
 def interleave(plan: Plan, catalog: Catalog | Table | None = None, *,
                virtual_stages: tuple[int, ...] = DEFAULT_VIRTUAL_STAGES,
                objective: str = "cost", budget_usd: float | None = None,
-               enforce_deadline: bool = True) -> Plan:
+               enforce_deadline: bool = True,
+               accept: Callable[[Plan], bool] | None = None) -> Plan:
     """The best of ``plan`` and its interleavings over ``virtual_stages`` chunks per group
     that fit in memory (and meet the deadline, or stay within ``budget_usd`` for
     ``objective="time"``); the plan itself when none is better. A returned interleaving
     carries the plan's search statistics plus ``stats["interleaving"]``: the chunks and what
-    the plan without them cost."""
+    the plan without them cost. ``accept``: only interleavings it accepts (an engine's
+    rules)."""
     if objective not in ("cost", "time"):
         msg = f"interleave: objective must be 'cost' or 'time', got {objective!r}"
         raise SpecError(msg)
@@ -80,7 +83,7 @@ def interleave(plan: Plan, catalog: Catalog | Table | None = None, *,
     best, best_est = plan, base
     for v in virtual_stages:
         cand = interleaved(plan, v)
-        if cand is None:
+        if cand is None or (accept is not None and not accept(cand)):
             continue
         est = estimate(cand, catalog)
         if not est.feasible:

@@ -15,6 +15,7 @@ from ._native import core
 from .catalog import Catalog, GpuType
 from .cloud.domains import SCOPES, Subproblem, locations_of, subproblems
 from .cost import CostParams
+from .engines import engine_named, refusal
 from .errors import EspressoError, SpecError
 from .estimate import RECOMPUTE_CORE, SHARDING_CORE, _workload, estimate
 from .interleave import DEFAULT_VIRTUAL_STAGES, interleave, rank_key
@@ -156,7 +157,7 @@ def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | 
              enforce_deadline: bool, prune: dict[str, bool] | None,
              max_gpu_types: int | None = None, sharding: Iterable[str] = ("none",),
              virtual_stages: Iterable[int] = (1,), min_tp: int = 1,
-             even_split: bool = False) -> Any:
+             even_split: bool = False, middle_equal: bool = False) -> Any:
     o = core.SearchOptions()
     objective = v.choice("objective", objective, ("cost", "time"))
     o.objective = core.Objective.COST if objective == "cost" else core.Objective.TIME
@@ -170,6 +171,7 @@ def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | 
     o.max_tp = v.integer("max_tp", max_tp, minimum=1, maximum=1024)
     o.min_tp = v.integer("min_tp", min_tp, minimum=1, maximum=o.max_tp)
     o.placer.even_split = v.boolean("even_split", even_split)
+    o.placer.middle_equal = v.boolean("middle_equal", middle_equal)
     mbs = list(micro_batch_sizes)
     if not mbs:
         msg = "micro_batch_sizes: expected at least one micro-batch size, got none"
@@ -284,7 +286,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
            phase: str = "searching", scope: str = "region",
            virtual_stages: Sequence[int] = (1,),
            interleave_after: Sequence[int] = DEFAULT_VIRTUAL_STAGES, min_tp: int = 1,
-           even_split: bool = False) -> SearchResult:
+           even_split: bool = False, engine: str = "espresso") -> SearchResult:
     """Run the search and return up to ``top_k`` plans with the statistics.
 
     ``time_limit_s`` is a wall-clock limit (default 60 s; ``None``: none): the search then
@@ -322,11 +324,29 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     width). ``even_split``: only the even layer split is placed (every stage ``L / P``
     blocks, the first ``L % P`` one more), the order still searched: planners without a
     placer (:mod:`espresso.baselines`).
+
+    ``engine``: only plans that engine runs (:mod:`espresso.engines`): ``espresso`` (the
+    default, every plan), ``torchtitan`` or ``megatron`` (one TP width, searched width by
+    width; Megatron-LM's layer split and sharding).
     """
     if not isinstance(job, Job):
         msg = f"search: expected a Job, got {type(job).__name__}"
         raise SpecError(msg)
     started = time.perf_counter()  # wall clock: subproblems may run side by side
+    eng = engine_named(engine)
+    if eng.uniform_tp and min_tp < max_tp:
+        return _search_widths(
+            job, catalog, objective=objective, budget_usd=budget_usd,
+            time_limit_s=time_limit_s, threads=threads, top_k=top_k, max_stages=max_stages,
+            max_tp=max_tp, micro_batch_sizes=micro_batch_sizes, recompute=recompute,
+            schedule=schedule, sharding=sharding, sequence_parallel=sequence_parallel,
+            cost_model=cost_model, enforce_deadline=enforce_deadline, prune=prune,
+            profiles=profiles, max_gpu_types=max_gpu_types, progress=progress, phase=phase,
+            scope=scope, virtual_stages=virtual_stages, interleave_after=interleave_after,
+            min_tp=min_tp, even_split=even_split, engine=engine, started=started)
+    space = eng.restrict(sharding=sharding, schedule=schedule, virtual_stages=virtual_stages)
+    sharding, virtual_stages = space["sharding"], space["virtual_stages"]
+    middle_equal = space["middle_equal"]
     catalog = Catalog.builtin() if catalog is None else catalog
     cost = CostParams() if cost_model is None else cost_model
     if objective == "time":
@@ -337,7 +357,8 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         max_stages=max_stages, max_tp=max_tp, micro_batch_sizes=micro_batch_sizes,
         recompute=recompute, schedule=schedule, enforce_deadline=enforce_deadline,
         prune=prune, max_gpu_types=max_gpu_types, sharding=sharding,
-        virtual_stages=virtual_stages, min_tp=min_tp, even_split=even_split)
+        virtual_stages=virtual_stages, min_tp=min_tp, even_split=even_split,
+        middle_equal=middle_equal)
     chunks = _interleave_chunks(interleave_after)
     opts = options(time_limit_s=time_limit_s, threads=threads)
     sequence_parallel = _sequence_parallel(sequence_parallel, job, opts.max_tp)
@@ -405,11 +426,66 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     # 4. Interleaved where that is better: a refinement outside the proof.
     if chunks:
         plans = [interleave(p, table, virtual_stages=chunks, budget_usd=budget_usd,
-                            objective=objective, enforce_deadline=enforce_deadline)
+                            objective=objective, enforce_deadline=enforce_deadline,
+                            accept=lambda q: refusal(q, eng) is None)
                  for p in plans]
         plans.sort(key=lambda p: rank_key(p.estimate, objective))
         plans = [replace(p, stats={**(p.stats or {}), "rank": i + 1}) for i, p in enumerate(plans)]
     return SearchResult(plans=plans, stats=stats)
+
+
+def _search_widths(job: Job, catalog: Catalog | None, *, max_tp: int, min_tp: int,
+                   time_limit_s: float | None, top_k: int, objective: str,
+                   progress: SearchProgress | None, started: float,
+                   **kw: Any) -> SearchResult:
+    """An engine with one TP width for all stages: one search per width (each proven), the
+    best plans over all, and what was proven over all (the smallest lower bound)."""
+    budget = TimeBudget.of(time_limit_s)
+    widths = []
+    w = 1
+    while w <= max_tp:
+        if w >= min_tp:
+            widths.append(w)
+        w *= 2
+    results: list[SearchResult] = []
+    for i, w in enumerate(widths):
+        if results and (budget.spent or (progress is not None and progress.cancelled)):
+            break
+        share = budget.share(1.0 / (len(widths) - i))
+        results.append(search(job, catalog, min_tp=w, max_tp=w, time_limit_s=share,
+                              top_k=top_k, objective=objective, progress=progress, **kw))
+    plans = sorted((p for r in results for p in r.plans),
+                   key=lambda p: rank_key(p.estimate, objective))[:top_k]
+    stats = [r.stats for r in results]
+    skipped = len(widths) - len(results)
+    lower = min((s.lower_bound for s in stats), default=0.0)
+    complete = all(s.complete for s in stats) and not skipped
+    if not complete:
+        lower = min(lower, 0.0) if skipped else lower
+    if plans:
+        est = plans[0].estimate
+        assert est is not None
+        best = est.total_usd if objective == "cost" else est.total_hours
+        gap = max(0.0, (best - lower) / best) if best > 0 and math.isfinite(lower) else 0.0
+    else:
+        gap = 0.0 if complete else 1.0
+    merged = SearchStats(
+        nodes_expanded=sum(s.nodes_expanded for s in stats),
+        nodes_generated=sum(s.nodes_generated for s in stats),
+        pruned={k: sum(s.pruned.get(k, 0) for s in stats) for k in stats[0].pruned},
+        leaves_placed=sum(s.leaves_placed for s in stats),
+        placer_nodes=sum(s.placer_nodes for s in stats),
+        placer_leaves=sum(s.placer_leaves for s in stats),
+        frontier_peak=max(s.frontier_peak for s in stats), dives=sum(s.dives for s in stats),
+        combos=sum(s.combos for s in stats), seconds=time.perf_counter() - started,
+        threads=stats[0].threads, lower_bound=lower, gap=gap, complete=complete,
+        timed_out=not complete, objective=objective,
+        subproblems=sum(s.subproblems for s in stats),
+        subproblems_searched=sum(s.subproblems_searched for s in stats),
+        domain=(plans[0].stats or {}).get("domain") if plans else None,
+        interrupted=any(s.interrupted for s in stats))
+    plans = [replace(p, stats={**merged.to_dict(), "rank": i + 1}) for i, p in enumerate(plans)]
+    return SearchResult(plans=plans, stats=merged)
 
 
 def _interleave_chunks(interleave_after: Sequence[int]) -> tuple[int, ...]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import espresso as es
 
@@ -45,6 +45,7 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                 budget_usd: float = math.inf, sequence_parallel: bool | None = None,
                 virtual_stages: tuple[int, ...] = (1,), even_split: bool = False,
                 tp_widths: tuple[int, ...] | None = None,
+                accept: Callable[[es.Plan], bool] | None = None,
                 ) -> tuple[float, es.Plan | None, int]:
     """(best objective, best plan, plans estimated); inf when nothing is feasible. ``cost``:
     least USD meeting the deadline; ``time``: least hours within ``budget_usd`` (deadline
@@ -53,7 +54,7 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
     power-of-two TP width up to ``max_tp`` divides the sequence length). ``virtual_stages``:
     stages per GPU group (v >= 2: interleaved 1F1B, each group's blocks in v near-equal
     chunks, the larger first, when there are at least 2 groups, M is a multiple of their
-    number and each holds v blocks)."""
+    number and each holds v blocks). ``accept``: only plans it accepts (an engine's rules)."""
     tiers = max_stages if isinstance(max_stages, tuple) else (max_stages,)
     deepest = tiers[0]
 
@@ -119,6 +120,8 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                                        cost_model=cost_model or es.CostParams(),
                                        profiles={g: p for g, p in (profiles or {}).items()
                                                  if any(st.gpu == g for st in stages)})
+                        if accept is not None and not accept(plan):
+                            continue
                         est = es.estimate(plan, catalog)
                         count += 1
                         if not est.feasible:

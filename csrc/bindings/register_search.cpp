@@ -20,6 +20,7 @@ void register_search(py::module_& m) {
         .def_readwrite("memo_limit", &PlaceOptions::memo_limit)
         .def_readwrite("ratio_order", &PlaceOptions::ratio_order)
         .def_readwrite("even_split", &PlaceOptions::even_split)
+        .def_readwrite("middle_equal", &PlaceOptions::middle_equal)
         .def_readwrite("fixed_order", &PlaceOptions::fixed_order)
         .def_readwrite("time_limit_s", &PlaceOptions::time_limit_s)
         .def_readwrite("table_limit", &PlaceOptions::table_limit);

@@ -536,6 +536,11 @@ private:
                 hi = std::min(hi, share);
                 if (lo > hi) continue;
             }
+            if (opt_.middle_layers > 0 && pos > 0 && pos < P_ - 1) {
+                lo = std::max(lo, opt_.middle_layers);
+                hi = std::min(hi, opt_.middle_layers);
+                if (lo > hi) continue;
+            }
             if (lo < minl_ || hi > span_) continue;
             --remaining_[sj];
             for (std::int64_t n = lo; n <= hi; ++n) {
@@ -702,8 +707,37 @@ Placement place(const ModelDims& model, const std::vector<GpuSpec>& gpus,
     if (static_cast<std::int64_t>(groups.size()) * work.num_microbatches > kMaxStageMicrobatchProduct) {
         throw std::invalid_argument("place: stages * num_microbatches exceeds the simulation limit");
     }
-    Placer placer(model, gpus, params, work, groups, options);
-    return placer.run();
+    const std::int64_t P = static_cast<std::int64_t>(groups.size());
+    if (!options.middle_equal || options.middle_layers > 0 || P <= 2) {
+        Placer placer(model, gpus, params, work, groups, options);
+        return placer.run();
+    }
+    // Megatron's split: each middle count m in turn (the first and last stages take the
+    // rest, at least one block each). The best over all m; no placement beats the smallest
+    // lower bound of the tries (each bounds its own m), and the first found tightens the
+    // cutoff of the next.
+    Placement best;
+    best.lower_bound_s = std::numeric_limits<double>::infinity();
+    PlaceOptions o = options;
+    for (std::int64_t m = 1; (P - 2) * m <= model.num_layers - 2; ++m) {
+        o.middle_layers = m;
+        Placer placer(model, gpus, params, work, groups, o);
+        Placement p = placer.run();
+        best.nodes += p.nodes;
+        best.leaves += p.leaves;
+        best.exhaustive = best.exhaustive && p.exhaustive;
+        best.timed_out = best.timed_out || p.timed_out;
+        best.lower_bound_s = std::min(best.lower_bound_s, p.lower_bound_s);
+        if (p.found && p.iteration_s < best.iteration_s) {
+            best.found = true;
+            best.stages = std::move(p.stages);
+            best.iteration_s = p.iteration_s;
+            o.cutoff_s = std::min(o.cutoff_s, p.iteration_s);
+        }
+        if (p.timed_out) break;
+    }
+    if (!std::isfinite(best.lower_bound_s)) best.lower_bound_s = 0;
+    return best;
 }
 
 }  // namespace espresso

@@ -54,6 +54,12 @@ struct PlaceOptions {
     // Only the even split (the baseline of planners without a placer): every stage (GPU group)
     // holds L / P blocks, the first L % P one more; the order is still searched.
     bool even_split = false;
+    // Megatron-LM's split: the stages between the first and the last hold the same number of
+    // blocks (its --decoder-first/last-pipeline-num-layers set the two ends). place() tries
+    // every middle count and keeps the best.
+    bool middle_equal = false;
+    // With middle_equal: the middle count of one try (0: place() tries them all).
+    std::int64_t middle_layers = 0;
 };
 
 struct Placement {

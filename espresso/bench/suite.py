@@ -34,6 +34,7 @@ from .. import _validate as v
 from ..baselines import BASELINES
 from ..catalog import Catalog
 from ..cloud.quota import load_quota, max_instances
+from ..engines import ENGINES
 from ..errors import SpecError
 from ..job import Job
 from ..model import ModelSpec
@@ -45,7 +46,7 @@ MODEL_KEYS = ("model", "name", "tokens", "iterations", "deadlines", "seq_len",
               "global_batch_size")
 CATALOG_KEYS = ("catalog", "quota", "max_instances")
 SEARCH_KEYS = ("time_limit_s", "max_stages", "max_tp", "micro_batch_sizes", "recompute",
-               "sharding", "max_gpu_types", "schedule", "interleave_after")
+               "sharding", "max_gpu_types", "schedule", "interleave_after", "engine")
 FRONTIER_KEYS = ("max_points", "time_limit_s")
 MAX_CELLS = 10_000
 """A suite expands to at most this many cells."""
@@ -223,6 +224,8 @@ def suite_from_dict(data: Any, *, base: Path | None = None, path: str | None = N
                           for i, b in enumerate(_list("suite.baselines", raw_b)))
     search = dict(v.mapping("suite.search", data.get("search") or {}))
     v.known_keys("suite.search", search, SEARCH_KEYS)
+    if "engine" in search:
+        search["engine"] = v.choice("suite.search.engine", search["engine"], tuple(ENGINES))
     if "time_limit_s" in search:
         search["time_limit_s"] = v.number("suite.search.time_limit_s", search["time_limit_s"],
                                           positive=True, maximum=86_400)

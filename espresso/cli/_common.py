@@ -124,6 +124,15 @@ def load_available(args: argparse.Namespace) -> Catalog:
     return catalog
 
 
+def add_engine_arg(p: argparse.ArgumentParser) -> None:
+    from ..engines import ENGINES
+
+    p.add_argument("--engine", choices=tuple(ENGINES), default="espresso",
+                   help="only plans this engine runs: espresso (the default: every plan, on "
+                        "espresso train), torchtitan or megatron (one TP width; Megatron-LM's "
+                        "layer split and ZeRO-1); docs/engines.md")
+
+
 def add_cost_model_arg(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--cost-model", metavar="FILE",
                    help=f"cost-model constants (YAML/JSON, docs/cost-model.md) {what}")

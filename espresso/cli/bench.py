@@ -14,6 +14,7 @@ from rich.table import Table
 
 from .. import _io
 from .. import _validate as v
+from ..engines import ENGINES
 from ..errors import SpecError
 from . import _common as c
 
@@ -34,6 +35,8 @@ def cmd_bench_run(args: argparse.Namespace) -> int:
 
     _io.check_dir("--out", args.out, err=SpecError)
     suite = load_suite(args.suite)
+    if args.engine is not None:
+        suite.search["engine"] = args.engine
     if args.time_limit is not None:
         suite.search["time_limit_s"] = v.number("--time-limit", args.time_limit, positive=True,
                                                 maximum=86_400)
@@ -126,6 +129,8 @@ def register(sub: Any) -> None:
                         "extra")
     r.add_argument("--time-limit", type=float, metavar="S",
                    help="search time limit per plan (default: the suite's, else 60 s)")
+    r.add_argument("--engine", choices=tuple(ENGINES),
+                   help="plan only what this engine runs (default: the suite's, else espresso)")
     r.add_argument("--resume", action="store_true",
                    help="keep the rows already in DIR and run only the missing tasks")
     r.add_argument("--no-plots", action="store_true", help="skip the plots")

@@ -28,7 +28,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         con, "Searching the frontier (each step is one exact search)",
         lambda: frontier(job, catalog, max_points=args.max_points, time_limit_s=budget.share(),
                          threads=c.threads_arg(con, args.threads), cost_model=_cost_model(args),
-                         progress=progress), progress, budget)
+                         progress=progress, engine=args.engine), progress, budget)
     if args.json:  # before anything else can fail
         c.write_json("--json", args.json, f.to_dict(timings=args.stats))
     if not f.points:
@@ -76,6 +76,7 @@ def register(sub: Any) -> None:
                    help=f"wall-clock limit of the whole command (default "
                         f"{5 * DEFAULT_TIME_LIMIT_S:g} s)")
     p.add_argument("--threads", type=int, help="search threads (default: all cores)")
+    c.add_engine_arg(p)
     p.add_argument("--json", metavar="OUT",
                    help="write the frontier (every plan) to OUT ('-': stdout)")
     p.add_argument("--stats", action="store_true",

@@ -209,7 +209,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                  scope=args.scope, sharding=args.sharding,
                                  recompute=args.recompute, virtual_stages=args.virtual_stages,
                                  interleave_after=args.interleave_after,
-                                 sequence_parallel=None if args.sequence_parallel else False)
+                                 sequence_parallel=None if args.sequence_parallel else False,
+                                 engine=args.engine)
     kwargs = {**space, "objective": objective, "budget_usd": args.budget}
     progress = SearchProgress()
     spot = any(g.is_spot for g in catalog.gpus)
@@ -333,6 +334,7 @@ def register(sub: Any) -> None:
                         "8 for mixes; 64,64,8 lets two-type mixes go as deep)")
     p.add_argument("--max-tp", type=int, default=8,
                    help="tensor-parallel width at most (default 8)")
+    c.add_engine_arg(p)
     p.add_argument("--sharding", type=_word_list("sharding", SHARDING),
                    default=",".join(DEFAULT_SHARDING), metavar="LIST",
                    help="sharding levels of the model states over data-parallel replicas to "

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..engines import runnable
 from ..estimate_result import Estimate
 from ..plan import Plan
 from ..search import SearchStats
@@ -290,10 +291,20 @@ def print_plan(plan: Plan, console: Console, comparison: Comparison | None,
                   f"{'met' if est.meets_deadline else 'missed'}{at}{transfer})")
     for line in spot_lines(est):
         console.print(escape(line))
+    console.print(escape(engines_line(plan)))
     for comp in (comparison, *more):
         if comp is not None:
             _compare_line(plan, comp, console)
     print_search_line(plan.stats, console)
+
+
+def engines_line(plan: Plan) -> str:
+    """``Engines: espresso, torchtitan; not megatron (why)``: who can run the plan."""
+    verdicts = runnable(plan)
+    yes = [name for name, why in verdicts.items() if why is None]
+    no = [f"{name} ({why})" for name, why in verdicts.items() if why is not None]
+    return ("Engines: " + ", ".join(yes) + (f"; not {', '.join(no)}" if no else "")
+            + " (docs/engines.md)")
 
 
 def print_search_line(stats: dict[str, object] | None, console: Console) -> None:
