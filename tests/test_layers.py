@@ -35,7 +35,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("runner", ["espresso.runner", "espresso.runner.*", "espresso.launch", "espresso.torch"]),
     ("training", ["espresso.train", "espresso.train.*"]),
     ("tools", ["espresso.bench", "espresso.bench.*", "espresso.plot", "espresso.calibrate",
-               "espresso.gpu", "espresso.cloud.skypilot_export"]),
+               "espresso.gpu", "espresso.cloud.skypilot_export", "espresso.export",
+               "espresso.export.*"]),
     ("interface", ["espresso.cli", "espresso.cli.*", "espresso"]),
 ]
 

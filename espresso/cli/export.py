@@ -9,6 +9,7 @@ from typing import Any
 from .. import _io
 from ..errors import SpecError
 from ..plan import Plan
+from ..runner.launch import load_hosts
 from . import _common as c
 
 
@@ -41,8 +42,65 @@ def cmd_export_skypilot(args: argparse.Namespace) -> int:
     return c.EXIT_OK
 
 
+def _plan_with_estimate(args: argparse.Namespace) -> Plan:
+    plan = Plan.from_json(args.plan)
+    return plan if plan.estimate is not None else plan.with_estimate()
+
+
+def _report(out: str, files: list[Path], notes: list[str], start: str) -> int:
+    con = c.console()
+    root = Path(out).resolve()
+    con.print(f"Wrote {len(files)} files to {out}:")
+    for f in files:
+        con.print(f"  {f.resolve().relative_to(root)}")
+    con.print(start)
+    for note in notes:
+        con.print(f"Note: {note}")
+    return c.EXIT_OK
+
+
+def cmd_export_torchtitan(args: argparse.Namespace) -> int:
+    from ..export.torchtitan import export
+
+    _io.check_dir("--out", args.out, err=SpecError)
+    hosts = load_hosts(args.hosts) if args.hosts else None
+    files, notes = export(_plan_with_estimate(args), args.out, hosts=hosts,
+                          master_port=args.port, dataset=args.dataset,
+                          tokenizer=args.tokenizer, lr=args.lr)
+    return _report(args.out, files, notes,
+                   f"Start: bash {args.out}/node<i>.sh on each host (torchtitan installed)"
+                   if hosts else "Start: torchrun ... -m torchtitan.train "
+                                 f"--job.config_file {args.out}/torchtitan.toml")
+
+
+def cmd_export_megatron(args: argparse.Namespace) -> int:
+    from ..export.megatron import export
+
+    _io.check_dir("--out", args.out, err=SpecError)
+    hosts = load_hosts(args.hosts) if args.hosts else None
+    files, notes = export(_plan_with_estimate(args), args.out, hosts=hosts,
+                          master_port=args.port, data_path=args.data_path,
+                          tokenizer_model=args.tokenizer_model, lr=args.lr)
+    return _report(args.out, files, notes,
+                   f"Start: MEGATRON=/path/to/Megatron-LM bash {args.out}/"
+                   + ("node<i>.sh on each host" if hosts else "pretrain_gpt.sh --nnodes ..."))
+
+
+def _engine_parser(tools: Any, name: str, help_: str, description: str) -> Any:
+    s = tools.add_parser(name, help=help_, description=description)
+    s.add_argument("plan", help="plan JSON file (made with --engine " + name + ")")
+    s.add_argument("--out", required=True, metavar="DIR", help="folder for the files")
+    s.add_argument("--hosts", metavar="FILE",
+                   help="hosts YAML (as espresso launch takes it): also write each node's "
+                        "torchrun command")
+    s.add_argument("--port", type=c.port, default=29500, help="torchrun's port (29500)")
+    s.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (3e-4)")
+    return s
+
+
 def register(sub: Any) -> None:
-    p = sub.add_parser("export", help="a plan for another tool (SkyPilot)",
+    p = sub.add_parser("export", help="a plan for another tool (SkyPilot, torchtitan, "
+                       "Megatron-LM)",
                        description="Write a plan in another tool's format.")
     tools = p.add_subparsers(dest="tool", required=True, metavar="TOOL")
     s = tools.add_parser(
@@ -80,3 +138,18 @@ def register(sub: Any) -> None:
                    help="with --catalog: add the spot rows the plan names")
     s.set_defaults(func=cmd_export_skypilot, quota=None, max_instances=None, spot_only=False,
                    spot_rate=None, spot_recovery=None)
+    t = _engine_parser(tools, "torchtitan", "torchtitan's job config (TOML) and node commands",
+                       "torchtitan's job config for a plan torchtitan can run (one TP width; "
+                       "plan with --engine torchtitan), and with --hosts each node's torchrun "
+                       "command (docs/engines.md).")
+    t.add_argument("--dataset", default="c4", help="torchtitan dataset name (c4)")
+    t.add_argument("--tokenizer", default="./assets/hf/Llama-3.1-8B",
+                   help="model.hf_assets_path: the tokenizer's folder")
+    t.set_defaults(func=cmd_export_torchtitan)
+    m = _engine_parser(tools, "megatron", "Megatron-LM's pretrain_gpt.py arguments",
+                       "pretrain_gpt.py's arguments for a plan Megatron-LM can run (plan with "
+                       "--engine megatron), as megatron_args.txt and a launch script "
+                       "(docs/engines.md).")
+    m.add_argument("--data-path", help="Megatron's --data-path (default: --mock-data)")
+    m.add_argument("--tokenizer-model", help="a Hugging Face tokenizer for --data-path")
+    m.set_defaults(func=cmd_export_megatron)
