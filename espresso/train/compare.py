@@ -85,7 +85,9 @@ def compare(plan_path: str | Path, metrics_path: str | Path, *, skip: int = 2) -
         notes.append(f"fewer steps than --skip {skip}: every step is timed, start-up included")
     step_s = statistics.median(s["step_s"] for s in timed)
     tokens = h.get("tokens_per_step") or plan.job.global_batch_size * plan.job.seq_len
-    on_gpus = h.get("device") == "cuda" and not h.get("reference")
+    cpu_plan = all(st.gpu == "CPU" for st in plan.stages)
+    on_gpus = not h.get("reference") and (
+        h.get("device") == "cuda" or (h.get("device") == "cpu" and cpu_plan))
     flops = est.model_flops_per_iteration
     mfu = flops / (step_s * est.peak_flops) if on_gpus and flops and est.peak_flops else None
     hours = est.iterations * step_s / 3600
@@ -127,7 +129,7 @@ def compare(plan_path: str | Path, metrics_path: str | Path, *, skip: int = 2) -
             Row("  optimizer states", pst.optimizer_gb, most("optimizer_gb"), "GB"),
             Row("  saved activations", pst.activations_gb, most("activations_gb"), "GB"),
         ])
-    if h.get("device") == "cpu":
+    if h.get("device") == "cpu" and not cpu_plan:
         notes.append("CPU memory is counted term by term (parameters, gradients, optimizer "
                      "states, saved activations); the estimate's peak adds transient buffers "
                      "and works in the plan's precision")

@@ -336,7 +336,11 @@ def run(opts: TrainOptions) -> int:
     tokens_per_step = plan.job.global_batch_size * plan.job.seq_len
     est = plan.estimate
     flops = est.model_flops_per_iteration if est is not None else 0.0
-    peak = est.peak_flops if est is not None and device.type == "cuda" else 0.0
+    # MFU against the plan's GPUs where the run is on them: on GPUs, or a CPU plan (made on
+    # the catalog of `espresso calibrate --cpu`) on CPU.
+    cpu_plan = all(st.gpu == "CPU" for st in plan.stages)
+    on_plan = device.type == "cuda" or (device.type == "cpu" and cpu_plan)
+    peak = est.peak_flops if est is not None and on_plan and not opts.reference else 0.0
     track = opts.track_activations if opts.track_activations is not None \
         else device.type == "cpu"
     writer = None
