@@ -97,7 +97,7 @@ def test_a_megatron_plan_of_the_default_catalog(monkeypatch: pytest.MonkeyPatch)
     4, which neither engine runs; Megatron's plan has one width and equal middle stages, and
     costs at least as much."""
     job = es.Job.from_dict({"model": "llama2-70b", "tokens": 1e11, "deadline": "30d"})
-    plan = es.plan(job, engine="megatron", time_limit_s=20)
+    plan = es.plan(job, engine="megatron", time_limit_s=5)
     assert refusal(plan, "megatron") is None
     assert len({st.tp for st in plan.stages}) == 1
     assert plan.sharding in ("none", "zero1")
