@@ -85,7 +85,8 @@ def test_bad_cost_model_files_are_refused(tmp_path: Path, capsys: pytest.Capture
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--cpu", "--bench", "b.json"], "exactly one of --bench FILE, --profile FILE, --cpu or --from-run METRICS"),
+    (["--cpu", "--bench", "b.json"],
+     "exactly one of --bench FILE, --profile FILE, --cpu or --from-run METRICS"),
     ([], "exactly one of"),
     (["--bench", "b.json", "--cores", "2"], "--cost-out and --cores go with --cpu"),
     (["--cpu", "--gpu", "L4"], "drop --catalog/--gpu"),

@@ -59,14 +59,20 @@ def _report(out: str, files: list[Path], notes: list[str], start: str) -> int:
     return c.EXIT_OK
 
 
-def cmd_export_torchtitan(args: argparse.Namespace) -> int:
-    from ..export.torchtitan import export
-
+def _engine_export(args: argparse.Namespace, export: Any, **options: Any) -> tuple[Any, ...]:
+    """Run an engine export on the command's plan: (files, notes, hosts given)."""
     _io.check_dir("--out", args.out, err=SpecError)
     hosts = load_hosts(args.hosts) if args.hosts else None
     files, notes = export(_plan_with_estimate(args), args.out, hosts=hosts,
-                          master_port=args.port, dataset=args.dataset,
-                          tokenizer=args.tokenizer, lr=args.lr)
+                          master_port=args.port, lr=args.lr, **options)
+    return files, notes, hosts is not None
+
+
+def cmd_export_torchtitan(args: argparse.Namespace) -> int:
+    from ..export.torchtitan import export
+
+    files, notes, hosts = _engine_export(args, export, dataset=args.dataset,
+                                         tokenizer=args.tokenizer)
     return _report(args.out, files, notes,
                    f"Start: bash {args.out}/node<i>.sh on each host (torchtitan installed)"
                    if hosts else "Start: torchrun ... -m torchtitan.train "
@@ -76,11 +82,8 @@ def cmd_export_torchtitan(args: argparse.Namespace) -> int:
 def cmd_export_megatron(args: argparse.Namespace) -> int:
     from ..export.megatron import export
 
-    _io.check_dir("--out", args.out, err=SpecError)
-    hosts = load_hosts(args.hosts) if args.hosts else None
-    files, notes = export(_plan_with_estimate(args), args.out, hosts=hosts,
-                          master_port=args.port, data_path=args.data_path,
-                          tokenizer_model=args.tokenizer_model, lr=args.lr)
+    files, notes, hosts = _engine_export(args, export, data_path=args.data_path,
+                                         tokenizer_model=args.tokenizer_model)
     return _report(args.out, files, notes,
                    f"Start: MEGATRON=/path/to/Megatron-LM bash {args.out}/"
                    + ("node<i>.sh on each host" if hosts else "pretrain_gpt.sh --nnodes ..."))

@@ -75,6 +75,16 @@ def _inside(path: Path, folder: Path) -> Path | None:
         return None
 
 
+def _in_workdir(name: str, work: Path, *, file: bool) -> str | None:
+    """``name`` (relative to the workdir, or absolute) as a path relative to the workdir, when
+    it exists there (a file, with ``file``); else None."""
+    path = Path(name)
+    rel = _inside(path if path.is_absolute() else work / path, work)
+    if rel is None or not ((work / rel).is_file() if file else (work / rel).exists()):
+        return None
+    return rel.as_posix()
+
+
 def install_command(workdir: Path, *, setup: str | None = None,
                     wheel: str | None = None) -> tuple[str, dict[str, str]]:
     """The setup command that installs espresso with its torch and train extras on a node, and
@@ -116,13 +126,12 @@ def node_run(workdir: str | Path, *, script: str | None = None, script_args: str
         if data is not None or train_args:
             msg = "export: --data and --train-args go with espresso train, not with --script"
             raise PlanError(msg)
-        path = Path(script)
-        rel = _inside(path if path.is_absolute() else work / path, work)
-        if rel is None or not (work / rel).is_file():
+        rel = _in_workdir(script, work, file=True)
+        if rel is None:
             msg = (f"--script: {script!r} is not a file in the workdir {str(work.resolve())!r} "
                    "(the folder SkyPilot syncs to every node; see --workdir)")
             raise PlanError(msg)
-        return NodeRun(rel.as_posix(), script_args, command, mounts)
+        return NodeRun(rel, script_args, command, mounts)
     if script_args:
         msg = "export: --script-args go with --script; for espresso train use --train-args"
         raise PlanError(msg)
@@ -131,13 +140,12 @@ def node_run(workdir: str | Path, *, script: str | None = None, script_args: str
                "hf:NAME[:CONFIG][@SPLIT], or synthetic) for espresso train, or --script FILE")
         raise PlanError(msg)
     if data != "synthetic" and not data.startswith("hf:"):
-        path = Path(data)
-        rel = _inside(path if path.is_absolute() else work / path, work)
-        if rel is None or not (work / rel).exists():
+        rel = _in_workdir(data, work, file=False)
+        if rel is None:
             msg = (f"--data: {data!r} is not in the workdir {str(work.resolve())!r}: the nodes "
                    "get the workdir only; give a path inside it, hf:NAME, or synthetic")
             raise PlanError(msg)
-        data = rel.as_posix()
+        data = rel
     args = f"{PLAN_PATH} --data {shlex.quote(data)} --out {RUN_DIR}"
     return NodeRun(TRAIN, f"{args} {train_args}".strip(), command, mounts)
 

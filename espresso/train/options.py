@@ -74,28 +74,22 @@ class TrainOptions:
         return low + (self.lr - low) * 0.5 * (1 + math.cos(math.pi * frac))
 
 
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        msg = f"expected a whole number >= 1, got {text!r}"
-        raise argparse.ArgumentTypeError(msg) from None
-    if n < 1:
-        msg = f"expected a whole number >= 1, got {text!r}"
-        raise argparse.ArgumentTypeError(msg)
-    return n
+def _int_at_least(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = minimum - 1
+        if n < minimum:
+            msg = f"expected a whole number >= {minimum}, got {text!r}"
+            raise argparse.ArgumentTypeError(msg)
+        return n
+
+    return parse
 
 
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        msg = f"expected a whole number >= 0, got {text!r}"
-        raise argparse.ArgumentTypeError(msg) from None
-    if n < 0:
-        msg = f"expected a whole number >= 0, got {text!r}"
-        raise argparse.ArgumentTypeError(msg)
-    return n
+_positive_int = _int_at_least(1)
+_count = _int_at_least(0)
 
 
 def _number(lo: float, hi: float, *, closed_lo: bool = True) -> Any:
