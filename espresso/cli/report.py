@@ -177,6 +177,7 @@ def print_estimate(plan: Plan, est: Estimate, console: Console) -> None:
     console.print(f"Total: {_hours(est.total_hours)}, [bold]${est.total_usd:,.2f}[/]{transfer}")
     for line in spot_lines(est):
         console.print(escape(line))
+    console.print(escape(engines_line(plan)))
     console.print(f"Deadline: {'' if est.meets_deadline else '[yellow]'}"
                   f"{deadline_words(est)}{'' if est.meets_deadline else '[/]'}")
     reasons = list(est.reasons)
@@ -331,9 +332,9 @@ def print_top(plans: list[Plan], console: Console) -> None:
     """The k best plans as one compact table."""
     table = Table(title=f"The {len(plans)} best plans", caption="stages: GPU x tp [layers)")
     for col in ("#", "total", "hours", "$/h", "GPUs", "dp", "mb x M", "recompute", "sharding",
-                "stages"):
+                "engines", "stages"):
         table.add_column(col, justify="left" if col in ("GPUs", "stages", "recompute",
-                                                        "sharding")
+                                                        "sharding", "engines")
                          else "right", no_wrap=col != "stages")
     for i, p in enumerate(plans, 1):
         est = p.estimate
@@ -342,5 +343,6 @@ def print_top(plans: list[Plan], console: Console) -> None:
         table.add_row(str(i), f"${est.total_usd:,.2f}", f"{est.total_hours:,.1f}",
                       f"{est.hourly_usd:,.2f}", escape(_rent(est.gpus)), str(p.dp),
                       f"{p.micro_batch_size} x {p.num_microbatches}", p.recompute,
-                      p.sharding, escape(stages))
+                      p.sharding, ", ".join(n for n, why in runnable(p).items() if why is None),
+                      escape(stages))
     console.print(table)
