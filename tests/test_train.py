@@ -161,3 +161,24 @@ def test_a_multi_gpu_plan_outside_a_launcher_is_explained(tmp_path: Path,
         execute(opts(UNEVEN, tmp_path))
     with pytest.raises(TrainError, match="fp16: autocast to fp16 needs a GPU"):
         execute(opts(UNEVEN, tmp_path, reference=True, precision="fp16"))
+
+
+def test_auto_precision_follows_the_plans_gpus() -> None:
+    """fp32 on CPU; on a GPU, fp16 with loss scaling when a stage's GPU type lacks bf16
+    (V100, T4), else bf16; the loss scaler halves on overflow and grows after good steps."""
+    from espresso.train.loop import LossScaler, plan_lacks_bf16, resolve_precision
+
+    plan = es.Plan.from_json(UNEVEN)
+    assert resolve_precision("auto", plan, torch.device("cpu")) == "fp32"
+    assert plan_lacks_bf16(plan) == []
+    v100 = plan_of([(0, 3, 1), (3, 6, 1)])
+    from dataclasses import replace
+
+    v100 = replace(v100, stages=(replace(v100.stages[0], gpu="V100-32GB"), v100.stages[1]))
+    assert plan_lacks_bf16(v100) == ["V100-32GB"]
+    sc = LossScaler(scale=8.0, interval=2)
+    sc.update(True)
+    assert sc.scale == 4.0
+    sc.update(False)
+    sc.update(False)
+    assert sc.scale == 8.0

@@ -67,7 +67,19 @@ def model_parts(spec: ModelSpec, seed: int) -> tuple[Any, Any, Any]:
 
 
 # ------------------------------------------------------------------ precision
+def plan_lacks_bf16(plan: Plan) -> list[str]:
+    """The plan's GPU types without bf16 tensor cores (V100, T4, ...: the spec table's
+    ``bf16: false``)."""
+    from ..cloud.specs import SpecTable
+
+    table = SpecTable.builtin()
+    names = {st.gpu for st in plan.stages}
+    return sorted(n for n in names if n in table and not table[n].bf16)
+
+
 def resolve_precision(requested: str, plan: Plan, device: Any) -> str:
+    """``auto``: fp32 on CPU; on GPUs bf16 autocast, or fp16 with loss scaling where the
+    plan's GPUs (or this device) lack bf16."""
     if requested != "auto":
         if requested == "fp16" and device.type == "cpu":
             msg = "--precision fp16: autocast to fp16 needs a GPU; use bf16 or fp32 on CPU"
@@ -75,7 +87,9 @@ def resolve_precision(requested: str, plan: Plan, device: Any) -> str:
         return requested
     if device.type != "cuda":
         return "fp32"
-    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if plan_lacks_bf16(plan) or not torch.cuda.is_bf16_supported():
+        return "fp16"
+    return "bf16"
 
 
 class LossScaler:
