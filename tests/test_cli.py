@@ -349,3 +349,28 @@ def test_threads_above_the_cores_are_capped(capsys: pytest.CaptureFixture[str]) 
     assert main(["plan", "--model", "gpt3-1.3b", "--tokens", "1e9", "--deadline", "7d",
                  "--threads", "0"]) == 2
     assert "--threads: expected a count >= 1" in capsys.readouterr().err
+
+
+def test_tight_stages_are_flagged_and_headroom_is_settable(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The prototype's instance fills stage 0 to 96% of usable memory: the plan flags it with
+    its margin. --memory-headroom keeps more free, over the engine's profile (which it and
+    --checkpoint-gbs no longer replace with the defaults)."""
+    argv = ["plan", "--model", "open_llama_3b_v2", "--iterations", "1000", "--seq-len", "3000",
+            "--global-batch", "64", "--deadline", "100000s", "--catalog",
+            str(Path(__file__).parents[1] / "examples/catalogs/espresso-prototype.yaml")]
+    assert main([*argv, "--json", str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out
+    assert "20.4 / 21.3 GB !" in out and "Memory: 1 stage(s) above 90% of usable" in out
+    assert "stage 0 0.9 GB" in out
+    assert main([*argv, "--memory-headroom", "0.2", "--json", str(tmp_path / "b.json")]) == 0
+    capsys.readouterr()
+    b = es.Plan.from_json(tmp_path / "b.json")
+    assert b.cost_model.memory_reserve_fraction == 0.2
+    assert b.cost_model.memory_bandwidth_efficiency == 0.1  # the torch-native profile kept
+    a = es.Plan.from_json(tmp_path / "a.json")
+    assert a.estimate is not None and b.estimate is not None
+    assert b.estimate.stages[0].capacity_gb < a.estimate.stages[0].capacity_gb
+    with pytest.raises(SystemExit):
+        main([*argv, "--memory-headroom", "1.5"])
+    assert "expected a fraction in [0, 1)" in capsys.readouterr().err

@@ -12,7 +12,13 @@ from ..frontier import frontier
 from ..progress import DEFAULT_TIME_LIMIT_S, SearchProgress, TimeBudget
 from ..units import format_hours as _hours
 from . import _common as c
-from .planning import _cost_model, add_checkpoint_arg, add_job_args, job_from_args
+from .planning import (
+    _cost_model,
+    add_checkpoint_arg,
+    add_headroom_arg,
+    add_job_args,
+    job_from_args,
+)
 from .report import _rented
 
 
@@ -77,6 +83,7 @@ def register(sub: Any) -> None:
                         f"{5 * DEFAULT_TIME_LIMIT_S:g} s)")
     p.add_argument("--threads", type=int, help="search threads (default: all cores)")
     c.add_engine_arg(p)
+    add_headroom_arg(p)
     p.add_argument("--json", metavar="OUT",
                    help="write the frontier (every plan) to OUT ('-': stdout)")
     p.add_argument("--stats", action="store_true",

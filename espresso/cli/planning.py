@@ -12,6 +12,7 @@ from .._optional import require
 from .._validate import load_yaml
 from ..catalog import Catalog
 from ..cost import CostParams
+from ..engines import engine_cost
 from ..errors import JobError
 from ..estimate import estimate
 from ..interleave import DEFAULT_VIRTUAL_STAGES
@@ -136,8 +137,13 @@ def _compare_on_demand(job: Job, catalog: Any, best: Plan, budget: TimeBudget, s
 def _cost_model(args: argparse.Namespace) -> CostParams | None:
     """--cost-model with --checkpoint-gbs applied."""
     cost = c.load_cost_model(args.cost_model)
+    over: dict[str, Any] = {}
     if getattr(args, "checkpoint_gbs", None) is not None:
-        cost = replace(cost or CostParams(), checkpoint_gbs=args.checkpoint_gbs)
+        over["checkpoint_gbs"] = args.checkpoint_gbs
+    if getattr(args, "memory_headroom", None) is not None:
+        over["memory_reserve_fraction"] = args.memory_headroom
+    if over:  # over the engine's profile, unless a cost model is given
+        cost = replace(engine_cost(getattr(args, "engine", "espresso"), cost), **over)
     return cost
 
 
@@ -335,6 +341,7 @@ def register(sub: Any) -> None:
     p.add_argument("--max-tp", type=int, default=8,
                    help="tensor-parallel width at most (default 8)")
     c.add_engine_arg(p)
+    add_headroom_arg(p)
     p.add_argument("--sharding", type=_word_list("sharding", SHARDING),
                    default=",".join(DEFAULT_SHARDING), metavar="LIST",
                    help="sharding levels of the model states over data-parallel replicas to "
@@ -380,6 +387,24 @@ def add_job_args(p: argparse.ArgumentParser, *, deadline: bool) -> None:
     p.add_argument("--deadline-confidence", type=float, metavar="P",
                    help="with spot instances: the probability with which the deadline must "
                         "hold, over the number of interruptions (default 0.9)")
+
+
+def _fraction(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not 0 <= x < 1:
+        msg = f"expected a fraction in [0, 1), got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return x
+
+
+def add_headroom_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-headroom", type=_fraction, metavar="FRACTION",
+                   help="share of each GPU's memory kept free for what the model cannot count "
+                        "(allocator cache, fragmentation), besides cost_model.reserved_gb "
+                        "(default 0.05: cost_model.memory_reserve_fraction)")
 
 
 def add_checkpoint_arg(p: argparse.ArgumentParser) -> None:

@@ -133,6 +133,10 @@ def spot_lines(est: Estimate) -> list[str]:
     ]
 
 
+FULL = 0.9
+"""Stages whose estimated memory is above this share of usable memory are flagged."""
+
+
 def _caption(plan: Plan) -> str:
     text = "f+b/mb: forward+backward of one micro-batch; *: bottleneck stage"
     if plan.virtual_stages > 1:
@@ -271,13 +275,24 @@ def print_plan(plan: Plan, console: Console, comparison: Comparison | None,
     for col in ("stage", "GPU", "TP", "layers", "memory / usable", "f+b/mb", "busy/iter"):
         table.add_column(col, justify="left" if col in ("GPU", "layers") else "right",
                          no_wrap=True)
+    full = []
     for st in est.stages:
         mark = " *" if st.index == est.bottleneck_stage else ""
+        tight = st.memory_gb > FULL * st.capacity_gb
+        if tight:
+            full.append(st)
         table.add_row(f"{st.index}{mark}", escape(st.gpu), str(st.tp),
                       f"[{st.layers[0]}, {st.layers[1]})",
-                      f"{st.memory_gb:.1f} / {st.capacity_gb:.1f} GB",
+                      f"{st.memory_gb:.1f} / {st.capacity_gb:.1f} GB" + (" !" if tight else ""),
                       _sec(st.fwd_s + st.bwd_s), _sec(st.time_s))
     console.print(table)
+    if full:
+        console.print(escape(
+            f"Memory: {len(full)} stage(s) above {FULL:.0%} of usable memory (!; margins "
+            + ", ".join(f"stage {st.index} {st.capacity_gb - st.memory_gb:.1f} GB"
+                        for st in full)
+            + "): what the model does not count (allocator cache, fragmentation) may not fit; "
+            "--memory-headroom keeps more free"))
     console.print(
         f"Iteration {_sec(est.iteration_s)} (pipeline {_sec(est.pipeline_s)}, bubble "
         f"{est.bubble_fraction:.1%}; dp sync {_sec(est.dp_allreduce_s)}; optimizer "
