@@ -458,10 +458,9 @@ def _search_widths(job: Job, catalog: Catalog | None, *, max_tp: int, min_tp: in
                    key=lambda p: rank_key(p.estimate, objective))[:top_k]
     stats = [r.stats for r in results]
     skipped = len(widths) - len(results)
-    lower = min((s.lower_bound for s in stats), default=0.0)
     complete = all(s.complete for s in stats) and not skipped
-    if not complete:
-        lower = min(lower, 0.0) if skipped else lower
+    # A width never searched bounds nothing: then no lower bound but 0.
+    lower = 0.0 if skipped else min(s.lower_bound for s in stats)
     if plans:
         est = plans[0].estimate
         assert est is not None

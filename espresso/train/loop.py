@@ -358,10 +358,9 @@ def run(opts: TrainOptions) -> int:
     track = opts.track_activations if opts.track_activations is not None \
         else device.type == "cpu"
     writer = None
-    if world_rank == 0 or writer_rank:
+    if world_rank == 0:
         for n in notes:
-            if world_rank == 0:
-                warnings.warn(n, stacklevel=1)
+            warnings.warn(n, stacklevel=1)
     if writer_rank:
         header = {
             "plan": str(opts.plan), "model": spec.name, "engine": "espresso",
@@ -450,15 +449,15 @@ def run(opts: TrainOptions) -> int:
                     print(f"step {step}: loss {loss:.4f}, lr {lr:.3g}, grad norm {norm:.3g}, "
                           f"{dt * 1e3:.0f} ms, {tokens_per_step / dt:,.0f} tokens/s{mfu}"
                           + (" (skipped: fp16 overflow)" if overflow else ""), flush=True)
-            if ck is not None:
+            # Save every `every` steps, or at the end when no interval applies; the data
+            # position is agreed (a collective) only for a save.
+            final = opts.checkpoint_every is None and ck is not None and ck.every == 0 \
+                and step == steps - 1
+            if ck is not None and (final or (ck.every and (step + 1) % ck.every == 0)):
                 data: dict[str, Any] = {"sequences": batches.position if batches else 0}
                 if sc is not None:
                     data["loss_scale"] = sc.scale
-                data = _agreed_position(data, rt)
-                if opts.checkpoint_every is None and ck.every == 0 and step == steps - 1:
-                    ck.save(step, data)
-                else:
-                    ck.step_done(step, data=data)
+                ck.save(step, _agreed_position(data, rt))
         if writer is not None and times:
             timed = times[min(2, len(times) - 1):]
             print(f"median step time {statistics.median(timed):.3f} s over {len(timed)} steps; "
