@@ -115,11 +115,12 @@ class SpotEstimate:
     """Hours of training alone, as an on-demand plan would take."""
     expected_hours: float
     hours_at_confidence: float
-    """Hours that hold with probability ``confidence`` (``inf``: none holds)."""
+    """Hours that hold with probability ``confidence``: the quantile of the interruption
+    process's own distribution, from above (``inf``: none holds)."""
     confidence: float
     interruptions_expected: float
     interruptions_at_confidence: int
-    """Interruptions counted in ``hours_at_confidence`` (-1: none bounds it)."""
+    """The same quantile of the number of interruptions (-1: none bounds it)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -8,6 +8,7 @@ import math
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _bruteforce import brute_force
 
@@ -19,55 +20,83 @@ from espresso.cloud.spot import SPOT_SUFFIX, spot_defaults, with_spot
 
 
 def simulate(work: float, rate: float, ckpt: float, restart: float, interval: float,
-             rng: random.Random) -> tuple[float, int]:
-    """One run of the process the model describes: `work` hours in segments of `interval`
-    hours of work plus a checkpoint write of `ckpt` hours; interruptions arrive at `rate` per
-    wall-clock hour, at any moment (also during writes and restarts); each loses the segment
-    in progress and costs a restart of `restart` hours. (wall-clock hours, interruptions)"""
-    segments = round(work / interval)
-    t, n = 0.0, 0
-    for _ in range(segments):
-        while True:
-            x = rng.expovariate(rate)
-            if x >= interval + ckpt:
-                t += interval + ckpt
-                break
-            t += x
-            n += 1
-            while True:  # restart until one completes
-                y = rng.expovariate(rate)
-                if y >= restart:
-                    t += restart
-                    break
-                t += y
-                n += 1
+             runs: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`runs` runs of the process the model describes, event by event (all runs in step):
+    `work` hours in segments of `interval` hours of work (the last one what is left) each
+    followed by a checkpoint write of `ckpt` hours; interruptions arrive at `rate` per
+    wall-clock hour, at any moment (also during writes and restarts); each loses the
+    segment in progress and costs a restart of `restart` hours, itself cut short by any
+    interruption that falls in it. (wall-clock hours, interruptions) per run."""
+    rng = np.random.default_rng(seed)
+    m = max(1, math.ceil(work / interval - 1e-9))
+    last = work - (m - 1) * interval + ckpt
+    t, n = np.zeros(runs), np.zeros(runs, dtype=np.int64)
+    seg = np.zeros(runs, dtype=np.int64)
+    restarting = np.zeros(runs, dtype=bool)
+    active = np.ones(runs, dtype=bool)
+    while active.any():
+        x = rng.exponential(1.0 / rate, runs)
+        need = np.where(restarting, restart, np.where(seg == m - 1, last, interval + ckpt))
+        done = x >= need
+        t += np.where(active, np.where(done, need, x), 0.0)
+        n += active & ~done
+        finished = active & done & ~restarting
+        seg += finished
+        restarting = np.where(active, np.where(restarting, ~done, ~done), restarting)
+        active &= seg < m
     return t, n
 
 
-@pytest.mark.parametrize(("rate", "ckpt", "restart", "segments"), [
-    (0.05, 0.02, 0.25, 12),   # rare interruptions, cheap checkpoints
-    (0.5, 0.1, 0.3, 8),       # frequent ones
-    (2.0, 0.01, 0.05, 20),    # very frequent, tiny checkpoints
-    (0.2, 0.5, 1.0, 5),       # checkpoints dearer than restarts
-])
-def test_expected_time_and_confidence_match_a_monte_carlo_simulation(
-        rate: float, ckpt: float, restart: float, segments: int) -> None:
-    interval = core.optimal_interval_hours(rate, ckpt)
-    work = segments * interval
+# The four small cases, and the issue's own plan: llama2-13b, 2.6e11 tokens, 20 d, --spot
+# --spot-rate 0.05 --max-instances 4 (4 spot instances; 394.4 h of work, a 91.1 s checkpoint
+# write, a 19.5 min restart).
+MC_CASES = [
+    (0.05, 0.02, 0.25, 12 * core.optimal_interval_hours(0.05, 0.02)),  # rare, cheap checkpoints
+    (0.5, 0.1, 0.3, 7.5 * core.optimal_interval_hours(0.5, 0.1)),    # frequent; a short last segment
+    (2.0, 0.01, 0.05, 20 * core.optimal_interval_hours(2.0, 0.01)),  # very frequent
+    (0.2, 0.5, 1.0, 5 * core.optimal_interval_hours(0.2, 0.5)),      # checkpoints dearer than restarts
+    (0.2, 91.1 / 3600, 19.5 / 60, 394.4),                             # the issue's plan
+]
+
+
+@pytest.mark.parametrize(("rate", "ckpt", "restart", "work"), MC_CASES)
+def test_expected_time_and_quantiles_match_a_monte_carlo_simulation(
+        rate: float, ckpt: float, restart: float, work: float) -> None:
+    """The expectation within four standard errors of 20,000 simulated runs; at confidence
+    0.5, 0.9 and 0.99 the time and the count of interruptions are each at or above the
+    simulation's quantile and within its sampling error (the quantile at p +- 4 binomial
+    standard errors) plus 2% of the time lost to interruptions (the grid rounds each loss up
+    to its cell); the search's lower bound
+    under them."""
     out = core.spot_outcome(work, rate, ckpt, restart, 0.9)
-    assert out.interval_hours == pytest.approx(interval)
-    rng = random.Random(1234)
-    runs = [simulate(work, rate, ckpt, restart, interval, rng) for _ in range(20000)]
-    times = [t for t, _ in runs]
-    mean = sum(times) / len(times)
-    sd = math.sqrt(sum((t - mean) ** 2 for t in times) / (len(times) - 1))
-    # The expectation: within four standard errors of the simulated mean.
-    assert abs(out.expected_hours - mean) < 4 * sd / math.sqrt(len(times)) + 1e-12
+    # Equal segments no longer than the optimal interval.
+    interval = out.interval_hours
+    segments = math.ceil(work / core.optimal_interval_hours(rate, ckpt) - 1e-9)
+    assert interval == pytest.approx(work / segments)
+    runs = 20000
+    times, counts = simulate(work, rate, ckpt, restart, interval, runs, seed=1234)
+    sem = times.std(ddof=1) / math.sqrt(runs)
+    assert abs(out.expected_hours - times.mean()) < 4 * sem
     assert out.interruptions_expected == pytest.approx(rate * out.expected_hours)
-    # The time at confidence holds at least that often (it bounds each interruption's cost).
-    held = sum(t <= out.hours_at_confidence for t in times) / len(times)
-    assert held >= 0.9
-    assert out.hours_at_confidence >= out.expected_hours * 0.999 or held >= 0.9
+    times.sort()
+    counts.sort()
+    base = work + math.ceil(work / interval - 1e-9) * ckpt
+    for p in (0.5, 0.9, 0.99):
+        out = core.spot_outcome(work, rate, ckpt, restart, p)
+        s = 4 * math.sqrt(p * (1 - p) / runs)
+        lo, hi = (min(runs - 1, max(0, math.ceil(x * runs) - 1)) for x in (p - s, p + s))
+        tol = 1e-9 * base
+        assert times[lo] - tol <= out.hours_at_confidence, p
+        assert out.hours_at_confidence <= times[hi] + 0.02 * (times[hi] - base) + tol, p
+        assert counts[lo] <= out.interruptions_at_confidence <= counts[hi], p
+        assert core.hours_at_confidence_lb(work, rate, ckpt, restart, p) <= times[lo] + tol
+
+
+def test_the_quantile_is_well_below_the_worst_case_bound_on_the_issues_plan() -> None:
+    """The worst case (each interruption wastes a whole segment and a restart) put this plan's
+    0.9 quantile at about 460 h; the process's own is within a few hours of its mean."""
+    out = core.spot_outcome(394.4, 0.2, 91.1 / 3600, 19.5 / 60, 0.9)
+    assert out.expected_hours < out.hours_at_confidence < out.expected_hours + 12
 
 
 def test_interval_is_the_minimiser_and_youngs_rule_to_first_order() -> None:
@@ -93,55 +122,50 @@ def test_factor_grows_with_rate_checkpoint_and_restart() -> None:
         assert core.spot_factor(r, c, s * 1.3 + 1e-3) >= f
 
 
-def test_deadline_bound_is_below_every_plan_with_more_rate_and_restart() -> None:
+def test_deadline_bound_is_below_every_plan_with_more_work_rate_and_restart() -> None:
     """hours_at_confidence_lb (the search's deadline bound) never exceeds the hours at
-    confidence of a plan with at least its work, rate and restart, and grows with each."""
+    confidence of a plan with at least its work, rate, checkpoint and restart, and grows
+    with each; it counts at least the restarts of the interruptions during the work."""
     rng = random.Random(11)
-    tight = 0
     for _ in range(3000):
         w, r, c = rng.uniform(0.1, 500), rng.choice([1e-3, 0.01, 0.05, 0.2]), rng.uniform(0, 0.3)
         rs, p = rng.uniform(0, 1), rng.choice([0.5, 0.9, 0.99])
         lb = core.hours_at_confidence_lb(w, r, c, rs, p)
-        assert lb >= w
+        assert lb >= w + c
         r2, rs2 = r * rng.choice([1, 1.5, 3]), rs * rng.choice([1, 1.2, 2])
-        out = core.spot_outcome(w * rng.choice([1, 1.1]), r2, c, rs2, p)
+        c2 = c * rng.choice([1, 1.5])
+        out = core.spot_outcome(w * rng.choice([1, 1.1]), r2, c2, rs2, p)
         assert lb <= out.hours_at_confidence * (1 + 1e-12), (w, r, c, rs, p, r2, rs2)
-        if r2 == r and rs2 == rs and out.bounded:
-            tight += lb >= w + 0.5 * (out.hours_at_confidence - w)
         for more in (core.hours_at_confidence_lb(w * 1.1, r, c, rs, p),
                      core.hours_at_confidence_lb(w, r * 1.5, c, rs, p),
                      core.hours_at_confidence_lb(w, r, c * 1.5 + 1e-3, rs, p),
                      core.hours_at_confidence_lb(w, r, c, rs * 1.5 + 1e-3, p)):
             assert more >= lb * (1 - 1e-12)
-    assert tight > 100  # it is not a trivial bound: often half the overhead or more
+    # A plan with 100 expected interruptions of 0.5 h restarts: at least ~50 h at the median.
+    assert core.hours_at_confidence_lb(1000.0, 0.1, 0.0, 0.5, 0.5) >= 1000.0 + 0.5 * 99
 
 
-def test_without_interruptions_nothing_changes_and_hopeless_rates_have_no_bound() -> None:
+def test_without_interruptions_nothing_changes_and_only_certainty_has_no_bound() -> None:
     out = core.spot_outcome(10.0, 0.0, 0.5, 1.0, 0.9)
     assert (out.expected_hours, out.hours_at_confidence, out.interval_hours) == (10.0, 10.0, 0.0)
-    # Each interruption costs more than the mean time between them: no time holds.
+    # Interruptions faster than a restart: a long, heavy-tailed run, but a finite quantile
+    # (the worst-case bound of earlier versions had none), above the expectation here.
     out = core.spot_outcome(10.0, 2.0, 0.5, 1.0, 0.9)
-    assert not out.bounded and math.isinf(out.hours_at_confidence)
-    assert math.isfinite(out.expected_hours)
+    assert out.bounded and out.expected_hours < out.hours_at_confidence < math.inf
+    # No time holds with certainty, nor over ten million expected interruptions.
+    for conf in (1.0, 1.5):
+        out = core.spot_outcome(10.0, 0.1, 0.05, 0.3, conf)
+        assert not out.bounded and math.isinf(out.hours_at_confidence)
+        assert math.isinf(core.hours_at_confidence_lb(10.0, 0.1, 0.05, 0.3, conf))
+    assert not core.spot_outcome(1e9, 0.1, 0.0, 0.3, 0.9).bounded
     # Hostile values stay defined.
     for args in ((math.nan, 1.0, 0.1, 0.1, 0.9), (10.0, math.inf, 0.1, 0.1, 0.9),
                  (10.0, 1.0, math.nan, 0.1, 0.9), (10.0, 1e-3, 0.1, 0.1, math.nan),
-                 (1e18, 1e-3, 0.1, 0.1, 0.999999)):
+                 (1e18, 1e-3, 0.1, 0.1, 0.999999), (1.0, 20.0, 0.01, 0.22, 0.9),
+                 (1e-9, 1e3, 1e-6, 1e3, 0.9), (1e6, 1e-9, 1e3, 1e-9, 0.5)):
         out = core.spot_outcome(*args)
         assert out.expected_hours >= 0 or math.isnan(args[0])
-
-
-def test_quantile_is_the_poisson_quantile_of_its_own_time() -> None:
-    out = core.spot_outcome(100.0, 0.1, 0.05, 0.3, 0.99)
-    k, t = out.interruptions_at_confidence, out.hours_at_confidence
-    mu = 0.1 * t
-
-    def cdf(n: int) -> float:
-        return sum(math.exp(-mu + i * math.log(mu) - math.lgamma(i + 1)) for i in range(n + 1))
-
-    assert cdf(k) >= 0.99
-    tau = out.interval_hours
-    assert t == pytest.approx(100.0 + 100.0 / tau * 0.05 + k * (0.3 + max(tau + 0.05, 0.3)))
+        assert not math.isnan(out.hours_at_confidence)
 
 
 # ---------------------------------------------------------------- catalogs and estimates

@@ -38,19 +38,26 @@ double spot_factor_at(double rate, double checkpoint, double restart, double int
 // checkpoint and restart time.
 double spot_factor(double rate, double checkpoint, double restart);
 
-// The whole outcome of `work_hours` of work. The interval is optimal_interval_hours(),
-// at most the work itself. hours_at_confidence counts k interruptions, k the `confidence`
-// quantile of a Poisson count over that time, each wasting at most a whole interval and
-// checkpoint (or a restart it cuts short) and costing a restart: a bound on its cost.
+// The whole outcome of `work_hours` of work. The work is cut into m equal segments, m the
+// least count whose segments are no longer than optimal_interval_hours() (interval_hours:
+// the work / m). hours_at_confidence is the `confidence` quantile of the process's own
+// distribution (docs/cost-model.md, "Spot capacity"): the wall-clock time is the base
+// W + m C plus, for each interruption, what it cut short, a restart, and the restarts that
+// are themselves cut short; its distribution is computed by Panjer's recursion on a grid
+// that rounds every loss up to its cell, and the least of that grid's quantile and
+// Chernoff's bound is reported, so P[T <= hours_at_confidence] >= confidence holds exactly
+// and the answer exceeds the true quantile by at most a cell per interruption (about 1-2%
+// of the time lost). Bounded time and memory on any input (a few milliseconds at most).
+// interruptions_at_confidence is the same quantile of the number of interruptions.
 SpotOutcome spot_outcome(double work_hours, double rate, double checkpoint, double restart,
                          double confidence);
 
 // A lower bound on spot_outcome().hours_at_confidence for any plan with at least this work,
-// rate, checkpoint time and restart, whatever its interval: with k interruptions the time is
-// at least W + k R + 2 sqrt(W C k) (the checkpoints W C / tau and the lost intervals k tau
-// together, at their least over tau), k the least fixed point of that map's Poisson
-// quantile. Grows with every argument (the search's deadline bound). The iteration stops
-// once the bound passes `cap` (the answer is then only known to be above it).
+// rate, checkpoint time and restart, whatever its interval: every plan writes at least one
+// checkpoint, and the interruptions in the first W hours of work and checkpoint writes are
+// a Poisson count of mean rate W, each followed by at least a whole restart, so the time is
+// at least W + C + R k, k that count's quantile. Grows with every argument (the search's
+// deadline bound). `cap` is kept for callers that stop once the bound passes it.
 double hours_at_confidence_lb(double work_hours, double rate, double checkpoint,
                               double restart, double confidence,
                               double cap = std::numeric_limits<double>::infinity());

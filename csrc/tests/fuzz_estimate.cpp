@@ -218,7 +218,17 @@ int main(int argc, char** argv) {
             const SpotOutcome o = spot_outcome(work, rate, ck, rs, conf);
             if (std::isnan(o.expected_hours) || std::isnan(o.hours_at_confidence) ||
                 std::isnan(o.interval_hours) || o.expected_hours < 0 || o.interval_hours < 0) {
+                std::fprintf(stderr, "spot_outcome(%.17g, %.17g, %.17g, %.17g, %.17g)\n", work,
+                             rate, ck, rs, conf);
                 fail("spot outcome defined", i);
+            }
+            // The search's bound stays below the quantile (the exact arithmetic of the process
+            // has it at least W + C + R k; rounding aside, a hair of slack).
+            const double lb = hours_at_confidence_lb(work, rate, ck, rs, conf);
+            if (std::isnan(lb) || lb > o.hours_at_confidence * (1 + 1e-9) + 1e-300) {
+                std::fprintf(stderr, "lb %.17g > %.17g: spot_outcome(%.17g, %.17g, %.17g, %.17g, %.17g)\n",
+                             lb, o.hours_at_confidence, work, rate, ck, rs, conf);
+                fail("spot bound below the quantile", i);
             }
             const double f = spot_factor(rate, ck, rs);
             if (std::isnan(f) || f < 1 - 1e-12) fail("spot factor >= 1", i);

@@ -101,8 +101,8 @@ def deadline_words(est: Estimate) -> str:
     if est.spot is not None:
         hours, at = est.spot.hours_at_confidence, f" at {est.spot.confidence:.0%} confidence"
         if not math.isfinite(hours):
-            return (f"missed{at}: interruptions arrive faster than a restart and the work "
-                    "they lose take, so no time holds")
+            return (f"missed{at}: no finite time holds (a confidence of 1, or over ten "
+                    "million interruptions expected)")
     if est.meets_deadline:
         return f"met{at} with {_hours(est.deadline_hours - hours)} to spare"
     return (f"missed{at} by {_hours(hours - est.deadline_hours)} "
@@ -123,7 +123,7 @@ def spot_lines(est: Estimate) -> list[str]:
             else "checkpoints free (cost_model.checkpoint_gbs 0)")
     k = s.interruptions_at_confidence
     at = (f"{_hours(worst)}, ${worst_usd:,.2f} ({k} interruption{'' if k == 1 else 's'})"
-          if math.isfinite(worst) else "no bound (interruptions outpace the restarts)")
+          if math.isfinite(worst) else "no bound (a confidence of 1, or too many interruptions)")
     return [
         f"Spot: {s.interruptions_per_hour:.4g} interruptions/h ({every}); {ckpt}; a restart "
         f"takes {_hours(s.restart_hours)}",
