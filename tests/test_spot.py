@@ -52,9 +52,9 @@ def simulate(work: float, rate: float, ckpt: float, restart: float, interval: fl
 # write, a 19.5 min restart).
 MC_CASES = [
     (0.05, 0.02, 0.25, 12 * core.optimal_interval_hours(0.05, 0.02)),  # rare, cheap checkpoints
-    (0.5, 0.1, 0.3, 7.5 * core.optimal_interval_hours(0.5, 0.1)),    # frequent; a short last segment
+    (0.5, 0.1, 0.3, 7.5 * core.optimal_interval_hours(0.5, 0.1)),    # frequent; 8 shorter segments
     (2.0, 0.01, 0.05, 20 * core.optimal_interval_hours(2.0, 0.01)),  # very frequent
-    (0.2, 0.5, 1.0, 5 * core.optimal_interval_hours(0.2, 0.5)),      # checkpoints dearer than restarts
+    (0.2, 0.5, 1.0, 5 * core.optimal_interval_hours(0.2, 0.5)),      # checkpoints dearer
     (0.2, 91.1 / 3600, 19.5 / 60, 394.4),                             # the plan
 ]
 
