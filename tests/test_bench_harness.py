@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import shutil
 import statistics
 import subprocess
@@ -324,7 +325,11 @@ def test_ctrl_c_stops_a_run_without_a_traceback(tmp_path: Path) -> None:
         time.sleep(wait_s)
         os.killpg(p.pid, signal.SIGINT)
         text, _ = p.communicate(timeout=120)
-        assert p.returncode in (0, 130), text
+        # A run that finished (its summary printed) before the signal may be stopped by it
+        # during interpreter shutdown (-SIGINT): nothing was lost.
+        finished = (p.returncode == -signal.SIGINT and "rows in" in text
+                    and re.search(r"\[(\d+)/\1\]", text) is not None)
+        assert p.returncode in (0, 130) or finished, text
         assert "Traceback" not in text and "Errno" not in text and "internal" not in text
     read_rows(out)  # whole rows only
 
