@@ -15,8 +15,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // over more than this many expected interruptions is not a plan anyone runs.
 constexpr double kMaxExponent = 700.0;
 constexpr double kMaxInterruptions = 1e7;
-// Grid sizes of the distribution of the time lost to interruptions: a first, coarse pass
-// over a range known to hold the quantile, then a finer one over the range the first found.
+// Grid sizes of the distribution of the time lost to interruptions: a coarse pass over a
+// range known to hold the quantile (when Chernoff's bound does not give a close one), then a
+// finer one over the range found.
 // The finer grid has about kCellsPerInterruption cells for each interruption at the
 // quantile, so the rounding (at most a cell per interruption) is about 1/kCellsPerInterruption
 // of the loss; memory and time stay bounded by kMaxCells.
@@ -58,9 +59,11 @@ std::int64_t poisson_quantile(double mu, double confidence) {
 // a = 0, b = mu. The failures before the m-th success of trials that succeed with
 // probability q (negative binomial): a = 1 - q, b = (m - 1)(1 - q).
 struct Count {
-    double a = 0, b = 0;
     double m = 0, q = 1, mu = 0;  // the negative binomial's m and q, or Poisson's mu
     bool poisson = false;
+
+    double a() const { return poisson ? 0.0 : 1.0 - q; }
+    double b() const { return poisson ? mu : (m - 1.0) * (1.0 - q); }
 
     // log E[x^N], x in [0, 1]: log P[N = 0] of the compound whose severity is 0 with
     // probability x.
@@ -75,7 +78,6 @@ Count poisson_count(double mu) {
     Count c;
     c.poisson = true;
     c.mu = mu;
-    c.b = mu;
     return c;
 }
 
@@ -83,8 +85,6 @@ Count failures_count(double m, double q) {
     Count c;
     c.m = m;
     c.q = q;
-    c.a = 1.0 - q;
-    c.b = (m - 1.0) * (1.0 - q);
     return c;
 }
 
@@ -100,15 +100,16 @@ std::vector<double> compound(const Count& n, const std::vector<double>& f, std::
     const double f0 = f.empty() ? 0.0 : f[0];
     log_scale = n.log_pgf(f0);
     g[0] = 1.0;
-    const double norm = 1.0 / (1.0 - n.a * f0);
+    const double a = n.a(), b = n.b();
+    const double norm = 1.0 / (1.0 - a * f0);
     constexpr double kBig = 1e250;
     const double log_big = std::log(kBig);
     for (std::size_t k = 1; k < cells; ++k) {
         const std::size_t top = std::min(k, f.size() - 1);
         double s = 0.0;
-        const double bk = n.b / static_cast<double>(k);
+        const double bk = b / static_cast<double>(k);
         for (std::size_t j = 1; j <= top; ++j) {
-            s += (n.a + bk * static_cast<double>(j)) * f[j] * g[k - j];
+            s += (a + bk * static_cast<double>(j)) * f[j] * g[k - j];
         }
         g[k] = s * norm;
         if (g[k] > kBig) {
@@ -121,11 +122,17 @@ std::vector<double> compound(const Count& n, const std::vector<double>& f, std::
 
 // The first cell whose cumulative probability reaches `confidence`, or `cells` when none does.
 std::size_t quantile_cell(const std::vector<double>& g, double log_scale, double confidence) {
+    // Compared on the scaled values: cum >= e^target, with target the confidence's log in
+    // the scale's units. The scaled values stay below about 1e255 (e^590), so a target past
+    // e^700 is out of reach; below e^-700 the threshold would underflow and the logs compare.
     const double target = std::log(confidence) - log_scale;
+    if (target > 700.0) return g.size();
+    const bool in_logs = target < -700.0;
+    const double threshold = in_logs ? 0.0 : std::exp(target);
     double cum = 0.0;
     for (std::size_t k = 0; k < g.size(); ++k) {
         cum += g[k];
-        if (cum > 0 && std::log(cum) >= target) return k;
+        if (in_logs ? (cum > 0 && std::log(cum) >= target) : cum >= threshold) return k;
     }
     return g.size();
 }
@@ -365,7 +372,8 @@ std::int64_t interruptions_quantile(const Count& failures, double ok, double con
     const double mean = failures.mean() / ok;
     // Markov: the quantile is at most mean / (1 - confidence).
     const double markov = std::floor(mean / (1.0 - confidence)) + 1.0;
-    std::vector<double> f(std::min<std::size_t>(kMaxLossCells, static_cast<std::size_t>(std::min(markov + 2.0, 1e9))), 0.0);
+    const double support = std::min(markov + 2.0, static_cast<double>(kMaxLossCells));
+    std::vector<double> f(static_cast<std::size_t>(support), 0.0);
     double p = ok;
     for (std::size_t j = 1; j < f.size(); ++j, p *= 1.0 - ok) f[j] = p;
     trim(f);
@@ -457,18 +465,17 @@ SpotOutcome spot_outcome(double work_hours, double rate, double checkpoint, doub
     const double chern = chernoff_loss(failures, seg, rate, r, confidence);
     double upper = std::min({worst, markov, chern});
     if (!std::isfinite(upper)) return unbounded(out);
-    // The coarse pass, then the fine one over what the coarse one found. Each rounds every
-    // loss up to its cell, so its quantile is an upper bound on the process's own. A
-    // restart longer than a cell is a whole number of cells (only the lost work and the
-    // restarts cut short are rounded), and a grid that would cost more than kWorkBudget is made coarser: looser,
-    // never below the process's quantile.
-    // The tails of one interruption's loss below `tail` are dropped (counted as beyond the
-    // grid): at most a millionth of 1 - confidence over all the interruptions.
+    // The coarse pass (only where Chernoff's bound, a close range already, is not the
+    // least), then the fine one over what the range has become. Each rounds every loss up
+    // to its cell, so its quantile is an upper bound on the process's own. A restart longer
+    // than a cell is a whole number of cells (only the lost work and the restarts cut short
+    // are rounded), and a grid that would cost more than its budget is made coarser:
+    // looser, never below the process's quantile. The tails of one interruption's loss
+    // below `tail` are dropped (counted as beyond the grid): at most a millionth of
+    // 1 - confidence over all the interruptions.
     const double tail = std::max(kTail, 1e-6 * (1.0 - confidence) / (1.0 + failures.mean() / ok));
-    // Chernoff's bound is a close range already; without it, the coarse pass finds one.
-    const bool chernoff = upper == chern;
-    for (int pass = chernoff ? 1 : 0; pass < 2 && upper > 0; ++pass) {
-        const double per = static_cast<double>(std::max<std::int64_t>(k_count, 0) + 1);
+    const double per = static_cast<double>(std::max<std::int64_t>(k_count, 0) + 1);
+    for (int pass = upper == chern ? 1 : 0; pass < 2 && upper > 0; ++pass) {
         double want = pass == 0 ? static_cast<double>(kCoarseCells)
                                 : std::clamp(per * kCellsPerInterruption,
                                              static_cast<double>(kMinCells),
