@@ -76,6 +76,8 @@ class CostParams:
     dropout_masks: bool
     bytes_per_activation: float
     bytes_per_logit: float
+    loss_bytes_per_logit: float
+    stash_stage_io: bool
     reserved_gb: float
     memory_reserve_fraction: float
     link_efficiency: float

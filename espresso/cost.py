@@ -53,7 +53,19 @@ class CostParams:
     bytes_per_activation: float = 2.0
     """bf16 activations and pipeline messages."""
     bytes_per_logit: float = 4.0
-    """fp32 logits of one micro-batch held on the last stage for the loss."""
+    """fp32 logits: the bytes per logit the head writes and the loss reads (time)."""
+    loss_bytes_per_logit: float = 6.0
+    """Bytes per logit of one micro-batch the last stage holds at the loss's peak (memory):
+    6 for a fused vocabulary-parallel cross-entropy (Megatron-LM: the fp32 softmax it keeps,
+    its gradient computed in place, and the bf16 gradient handed to the head); 14 for
+    PyTorch's ``cross_entropy`` over bf16 logits cast to fp32 (the bf16 logits, the fp32
+    log-probabilities it keeps and, in its backward, their gradient and the logits'
+    gradient; the torch-native profile). docs/cost-model.md, "Memory per GPU of a stage"."""
+    stash_stage_io: bool = False
+    """Each micro-batch in flight keeps its stage's input and output tensors until its
+    backward (``torch.distributed.pipelining`` keeps both in its forward cache to run the
+    backward from them); off: the engine frees the output once sent and the input is
+    counted as the first block's (Megatron-LM's ``deallocate_output_tensor``)."""
     reserved_gb: float = 1.5
     """Memory per GPU that training cannot use: CUDA context, NCCL buffers."""
     memory_reserve_fraction: float = 0.05

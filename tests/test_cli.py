@@ -361,8 +361,8 @@ def test_tight_stages_are_flagged_and_headroom_is_settable(
             str(Path(__file__).parents[1] / "examples/catalogs/espresso-prototype.yaml")]
     assert main([*argv, "--json", str(tmp_path / "a.json")]) == 0
     out = capsys.readouterr().out
-    assert "20.4 / 21.3 GB !" in out and "Memory: 1 stage(s) above 90% of usable" in out
-    assert "stage 0 0.9 GB" in out
+    assert "20.6 / 21.3 GB !" in out and "Memory: 1 stage(s) above 90% of usable" in out
+    assert "stage 0 0.7 GB" in out
     assert main([*argv, "--memory-headroom", "0.2", "--json", str(tmp_path / "b.json")]) == 0
     capsys.readouterr()
     b = es.Plan.from_json(tmp_path / "b.json")

@@ -228,6 +228,7 @@ void validate(const CostParams& p) {
     check_pos("cost_model.bytes_per_grad", p.bytes_per_grad);
     check_pos("cost_model.bytes_per_activation", p.bytes_per_activation);
     check_nonneg("cost_model.bytes_per_logit", p.bytes_per_logit);
+    check_nonneg("cost_model.loss_bytes_per_logit", p.loss_bytes_per_logit);
     check_nonneg("cost_model.reserved_gb", p.reserved_gb);
     if (!std::isfinite(p.memory_reserve_fraction) || p.memory_reserve_fraction < 0 ||
         p.memory_reserve_fraction >= 1) {
@@ -303,6 +304,18 @@ BlockStash block_stash(const ModelDims& model, const GpuSpec& g, const CostParam
     } else {
         out.kept = blk_act;
     }
+    // The backward of a block holds, besides what it kept, the gradient arriving at its output
+    // and the one leaving its input (replicated over TP ranks unless sequence-parallel), and
+    // at most the sum of the MLP's working set (the gradients of the up projection's output
+    // and of the activation's: two MLP-interior tensors) and the attention's (the gradients
+    // of Q, K and V). Checked on the runner's blocks on CPU, tests/test_memory_terms.py.
+    const double sb = d(s) * d(b), act = params.bytes_per_activation;
+    const double sbh = sb * d(model.hidden_size) * act;
+    const double replicated = work.sequence_parallel ? sbh / d(tp) : sbh;
+    out.backward = 2.0 * replicated +
+                   (2.0 * sb * d(model.ffn_hidden_size) + sb * (d(model.hidden_size) + 2.0 * kv_dim(model))) *
+                       act / d(tp);
+    out.output = params.stash_stage_io ? replicated : 0.0;
     return out;
 }
 
@@ -330,9 +343,22 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     // Activations.
     e.in_flight = in_flight(work.schedule, index, num_stages, work.num_microbatches);
     const BlockStash st = block_stash(model, g, params, work, tp);
-    e.activation_bytes = d(e.in_flight) * L * st.kept;
-    e.transient_bytes = num_layers > 0 ? st.rebuilt : 0.0;
-    if (last) e.transient_bytes += d(s) * d(b) * d(model.vocab_size) * params.bytes_per_logit / td;
+    // Per micro-batch in flight: its blocks' stash, and the stage's input and output where
+    // the engine keeps them until the backward (the last stage's output is the loss). The
+    // first stage's input is the token ids (int64), which the embedding keeps for its
+    // backward.
+    const double io = (first ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
+    const double ids = first ? d(s) * d(b) * 8.0 : 0.0;
+    e.activation_bytes = d(e.in_flight) * (L * st.kept + io * st.output + ids);
+    // One thing works at a time in the backward: the loss over the logits (last stage), then
+    // each block, rebuilt under recomputation, with its gradients.
+    // The loss's working set: the logits' bytes at its peak, and the inputs the final norm
+    // and the head's matmul keep.
+    const double loss = last ? d(s) * d(b) * d(model.vocab_size) * params.loss_bytes_per_logit / td +
+                                   2.0 * d(s) * d(b) * d(model.hidden_size) *
+                                       params.bytes_per_activation
+                             : 0.0;
+    e.transient_bytes = std::max(loss, num_layers > 0 ? st.rebuilt + st.backward : 0.0);
     const double blk_w = block_params(model) / td;  // one block's parameters per GPU
     if (sharding >= Sharding::Full && num_layers > 0) {
         // Gathered for compute: the block at work and the next one, prefetched (two blocks'
@@ -561,7 +587,14 @@ DeviceMemory device_memory(const std::vector<StageEstimate>& chunks, const Block
         m.optimizer_step_s += e.optimizer_step_s;
     }
     m.peak_blocks = peak_blocks;
-    m.activations = d(peak_blocks) * stash.kept;
+    // Each (chunk, micro-batch) in flight holds at least the smallest chunk's blocks, so at
+    // most ceil(peak_blocks / smallest) stage inputs and outputs are kept with them.
+    std::int64_t smallest = 0;
+    for (const StageEstimate& e : chunks) {
+        if (e.num_layers > 0 && (smallest == 0 || e.num_layers < smallest)) smallest = e.num_layers;
+    }
+    const double outputs = smallest > 0 ? d((peak_blocks + smallest - 1) / smallest) : 0.0;
+    m.activations = d(peak_blocks) * stash.kept + 2.0 * outputs * stash.output;
     m.total = m.weights + m.grads + m.optimizer + m.activations + m.transient;
     return m;
 }

@@ -80,7 +80,9 @@ struct CostParams {
     bool flash_attention = true;              // no s^2 score activations
     bool dropout_masks = true;                // 1-byte masks, as Korthikanti et al.
     double bytes_per_activation = 2.0;        // bf16 activations
-    double bytes_per_logit = 4.0;             // fp32 logits kept for the loss
+    double bytes_per_logit = 4.0;             // fp32 logits the head writes and reads (time)
+    double loss_bytes_per_logit = 6.0;        // held per logit at the loss's peak (memory)
+    bool stash_stage_io = false;              // in-flight micro-batches' stage input, output kept
     double reserved_gb = 1.5;                 // CUDA context, NCCL buffers
     double memory_reserve_fraction = 0.05;    // allocator fragmentation
     double link_efficiency = 0.8;             // achieved fraction of link bandwidth
@@ -302,9 +304,13 @@ bool tp_divides(const ModelDims& m, std::int64_t tp);
 // What one block stores per micro-batch on one GPU of a TP group under the workload's
 // recomputation (`kept`, until its backward) and rebuilds one block at a time (`rebuilt`,
 // transient): everything; each block's input and the whole block; or all but the attention
-// scores, and those.
+// scores, and those. Also the gradients a block's backward holds at once (`backward`) and the
+// stage input or output the engine keeps per micro-batch in flight (`output`, 0 if it
+// frees them).
 struct BlockStash {
     double kept = 0, rebuilt = 0;
+    double backward = 0;  // gradients a block's backward holds at once (incoming, MLP interior)
+    double output = 0;    // a stage input or output per micro-batch, if the engine keeps them
 };
 BlockStash block_stash(const ModelDims& model, const GpuSpec& g, const CostParams& params,
                        const Workload& work, std::int64_t tp);

@@ -248,9 +248,10 @@ bool Tree::prepare_combos(Stopwatch& sw) {
 
 // Blocks a middle stage of `tp` GPUs of type st can hold with k = 1..c.kin micro-batches
 // in flight (GPipe: M). A middle stage's memory is states + k activations per block, plus
-// a transient: n (S + k A) + T, so the most blocks are (U - T) / (S + k A); the slopes come
-// from the cost model itself, the quotient is rounded up (an upper bound), and never above
-// `lenient` (the exact count with one micro-batch in flight).
+// k stage outputs and a transient: n (S + k A) + k O + T, so the most blocks are
+// (U - T - k O) / (S + k A); the slopes come from the cost model itself, the quotient is
+// rounded up (an upper bound), and never above `lenient` (the exact count with one
+// micro-batch in flight).
 std::vector<std::int64_t> Tree::layers_in_flight(const Combo& c, std::size_t st, std::int64_t tp,
                                            std::int64_t lenient) const {
     std::vector<std::int64_t> out;
@@ -264,10 +265,12 @@ std::vector<std::int64_t> Tree::layers_in_flight(const Combo& c, std::size_t st,
     const std::int64_t k0 = c.work.schedule == Schedule::GPipe ? c.work.num_microbatches : 1;
     const double m1 = mem(1, k0), m2 = mem(2, k0);
     const double per_block = m2 - m1;                          // S + k0 A
-    const double act = k0 == 1 ? mem(1, 2) - m1 : 0.0;         // A (1F1B only)
-    const double base = m1 - per_block;                         // T
+    // 1F1B only: A from the second micro-batch's slope, O from its intercept.
+    const double act = k0 == 1 ? (mem(2, 2) - mem(1, 2)) - per_block : 0.0;
+    const double stash_out = k0 == 1 ? std::max(0.0, mem(1, 2) - m1 - act) : 0.0;
     const double usable = usable_bytes(g, params_);
     for (std::int64_t k = 1; k <= c.kin; ++k) {
+        const double base = m1 - per_block + d(k - 1) * stash_out;  // T + k O
         const double slope = per_block + d(k - 1) * act;
         std::int64_t n = lenient;
         if (slope > 0 && std::isfinite(slope)) {

@@ -99,6 +99,8 @@ int main(int argc, char** argv) {
         p.overlap_grad_reduce = rng() % 2;
         p.p2p_overlap = rng() % 2;
         p.p2p_scatter_gather = rng() % 2;
+        p.stash_stage_io = rng() % 2;
+        if (hostile && rng() % 4 == 0) p.loss_bytes_per_logit = any_double();
         if (hostile && rng() % 4 == 0) p.sustained_fraction = any_double();
         if (hostile && rng() % 4 == 0) p.attention_efficiency = any_double();
         if (rng() % 4 == 0) p.checkpoint_gbs = hostile ? any_double() : 0.01 * static_cast<double>(rng() % 1000);

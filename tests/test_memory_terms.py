@@ -1,0 +1,126 @@
+"""The cost model's memory terms against the package's own modules on the CPU, term by term.
+
+A plan's stages are run as the runner runs them (``espresso.modules`` blocks, embedding, head
+and loss in bf16; a 1F1B stage holds its in-flight micro-batches' forwards, then runs their
+backwards), with every storage they create counted while alive (``LiveTensors``). The block's
+saved activations come from the package's profiler (saved-tensor hooks, ``profile_model``),
+which the estimate applies as the profile's ``activation_scale``; everything else is the cost
+model's own: the micro-batches in flight, the stage outputs kept with them, the backward's
+working set and the loss over the logits.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import espresso as es  # noqa: E402
+from espresso.engines import profile_constants  # noqa: E402
+from espresso.modules import build_block, build_embedding, build_head, lm_loss  # noqa: E402
+from espresso.profile import profile_model  # noqa: E402
+from espresso.runner.memory import LiveTensors  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+SEQ, MB, STAGES, BLOCKS = 64, 2, 3, 2
+
+
+def spec(hidden: int, ffn: int, vocab: int) -> es.ModelSpec:
+    return es.ModelSpec(name="tiny", num_layers=STAGES * BLOCKS, hidden_size=hidden,
+                        num_heads=4, num_kv_heads=2, ffn_hidden_size=ffn, vocab_size=vocab,
+                        gated_mlp=True)
+
+
+def measure(model: es.ModelSpec, index: int, in_flight: int) -> tuple[int, int]:
+    """Bytes a stage holds after its in-flight forwards, and its peak through their
+    backwards, over its parameters and gradients."""
+    torch.manual_seed(index)
+    dt = torch.bfloat16
+    first, last = index == 0, index == STAGES - 1
+    blocks = torch.nn.ModuleList(build_block(model) for _ in range(BLOCKS)).to(dt)
+    emb = build_embedding(model).to(dt) if first else None
+    head = build_head(model).to(dt) if last else None
+    loss_fn = lm_loss(model)
+
+    def forward() -> tuple[object, object]:
+        if emb is not None:  # token ids in, as the runner's first stage takes them
+            x = torch.randint(0, model.vocab_size, (MB, SEQ))
+            y = emb(x)
+        else:  # the activation received from the previous stage
+            x = torch.randn(MB, SEQ, model.hidden_size, dtype=dt, requires_grad=True)
+            y = x
+        for blk in blocks:
+            y = blk(y)
+        if head is not None:
+            y = loss_fn(head(y), torch.randint(0, model.vocab_size, (MB, SEQ)))
+        return x, y
+
+    def backward(x: object, y: torch.Tensor) -> None:
+        if last:
+            y.backward()
+        else:  # the gradient received from the next stage
+            y.backward(torch.randn_like(y))
+
+    backward(*forward())  # gradients exist, as after a step's first micro-batch
+    mods = [m for m in (blocks, emb, head) if m is not None]
+    track = LiveTensors()
+    for m in mods:
+        for p in m.parameters():
+            track.ignore(p, p.grad)
+    with track:
+        pending = [forward() for _ in range(in_flight)]
+        held = track.live
+        while pending:
+            backward(*pending.pop(0))
+    return held, track.peak
+
+
+@pytest.mark.parametrize(("hidden", "ffn", "vocab"), [(128, 344, 500), (192, 512, 1000)])
+def test_memory_terms_match_the_runner_modules(hidden: int, ffn: int, vocab: int) -> None:
+    model = spec(hidden, ffn, vocab)
+    prof = profile_model(model, gpu="L4", seq_len=SEQ, micro_batch_size=MB,
+                         dtype=torch.bfloat16, warmup=0, repeats=1)
+    job = es.Job(model=model, seq_len=SEQ, global_batch_size=4 * MB, iterations=1,
+                 deadline_hours=1)
+    cost = es.CostParams(**profile_constants("torch-native"))
+    assert cost.stash_stage_io and cost.loss_bytes_per_logit == 14
+    plan = es.Plan(job=job, stages=tuple(es.Stage(gpu="L4", layers=(i * BLOCKS, (i + 1) * BLOCKS))
+                                         for i in range(STAGES)),
+                   micro_batch_size=MB, num_microbatches=4, cost_model=cost,
+                   profiles={"L4": prof})
+    est = es.estimate(plan)
+    for i, st in enumerate(est.stages):
+        assert st.in_flight == STAGES - i
+        held, peak = measure(model, i, st.in_flight)
+        predicted_held = st.activations_gb * 1e9
+        predicted_peak = (st.activations_gb + st.transient_gb) * 1e9
+        if i < STAGES - 1:
+            # Kept activations (the profiled blocks'), the stage inputs and outputs, the first
+            # stage's token ids: exact, but for the norms' fp32 statistics' rounding.
+            assert predicted_held == pytest.approx(held, rel=2e-3), (i, predicted_held, held)
+        # Every stage, the last with its loss over fp32 logits: never below, within 10%.
+        assert peak <= predicted_peak <= 1.10 * peak, (i, predicted_peak, peak)
+
+
+def test_megatron_frees_stage_outputs_and_counts_its_fused_loss() -> None:
+    """The Megatron-LM profile: no stage inputs or outputs kept beyond the blocks', 6 bytes per
+    logit at the loss."""
+    model = spec(128, 344, 500)
+    job = es.Job(model=model, seq_len=SEQ, global_batch_size=4 * MB, iterations=1,
+                 deadline_hours=1)
+    stages = tuple(es.Stage(gpu="L4", layers=(i * BLOCKS, (i + 1) * BLOCKS)) for i in range(STAGES))
+    def run(cost: es.CostParams) -> es.Estimate:
+        return es.estimate(es.Plan(job=job, stages=stages, micro_batch_size=MB,
+                                   num_microbatches=4, cost_model=cost))
+    mega = run(es.CostParams(**profile_constants("megatron")))
+    keep = run(es.CostParams(**profile_constants("megatron"), stash_stage_io=True))
+    out = SEQ * MB * model.hidden_size * 2  # one bf16 stage output
+    for i, (a, b) in enumerate(zip(mega.stages, keep.stages, strict=True)):
+        extra = a.in_flight * out * ((i > 0) + (i < STAGES - 1))
+        assert (b.activations_gb - a.activations_gb) * 1e9 == pytest.approx(extra, abs=1.0)
+    logits = SEQ * MB * model.vocab_size
+    kv = model.hidden_size // model.num_heads * model.kv_heads
+    back = (2 * model.hidden_size + 2 * model.ffn + model.hidden_size + 2 * kv) * SEQ * MB * 2
+    assert mega.stages[-1].transient_gb * 1e9 == pytest.approx(
+        max(6 * logits + 2 * SEQ * MB * model.hidden_size * 2, back))
