@@ -25,6 +25,14 @@ BLOCK_T_B = 2 * GEMM_FWD + 2.5 * ATTN_RUN   # 2,400,256
 #   split: Q + out-proj input 2*s*b*h*2 = 4096, K and V 2*s*b*32*2 = 2048,
 #          SwiGLU interior 4*s*b*f*2 = 16384, log-sum-exp 4*a*s*b = 256
 BLOCK_ACT = 8192 + 2048 + 4096 + 2048 + 16384 + 256
+# A block's backward working set: the gradients at its output and input 2*s*b*h*2 = 4096,
+# the MLP's two interior gradients 2*s*b*f*2 = 8192, the attention's Q, K, V gradients
+# s*b*(h + 2*32)*2 = 4096.
+BLOCK_BWD = 4096 + 8192 + 4096
+IDS = 8 * 2 * 8  # the first stage's token ids (int64) per micro-batch in flight
+# The last stage's loss: s*b*V*6 bytes of logits at a fused cross-entropy's peak (9600), and
+# the final norm's and the head's inputs, 2*s*b*h*2 = 4096; less than BLOCK_BWD here.
+LOSS = 9600 + 4096
 
 
 def test_block_activation_bytes_by_hand(tiny_model: es.ModelSpec) -> None:
@@ -65,8 +73,9 @@ def test_selective_recomputation_keeps_korthikantis_34_sbh_over_t(tp: int) -> No
 
     sel, none = stage("selective"), stage("none")
     scores = 5 * a * s * s * b / tp
-    assert sel.activations_gb * 1e9 == pytest.approx(4 * 34 * s * b * h / tp)
-    assert none.activations_gb * 1e9 == pytest.approx(4 * 34 * s * b * h / tp + 4 * scores)
+    ids = s * b * 8  # the token ids the embedding keeps
+    assert sel.activations_gb * 1e9 == pytest.approx(4 * 34 * s * b * h / tp + ids)
+    assert none.activations_gb * 1e9 == pytest.approx(4 * 34 * s * b * h / tp + 4 * scores + ids)
     assert sel.transient_gb * 1e9 >= scores  # one block's scores while it is rebuilt
 
 
@@ -100,11 +109,14 @@ def test_two_stage_plan_by_hand(tiny_job: es.Job, tiny_catalog: es.Catalog,
     assert est.optimizer_step_s == pytest.approx(117376 * 28 / 1e15)
     iteration = 0.086310912 + 0.0000234752 + 117376 * 28 / 1e15
     assert est.iteration_s == pytest.approx(iteration)
-    # Memory (bytes per GPU): 2 + 2 + 12 bytes per parameter, activations in flight.
+    # Memory (bytes per GPU): 2 + 2 + 12 bytes per parameter, activations in flight (and
+    # the token ids on the first stage), one block's backward working set.
     assert s0.in_flight == 2 and s1.in_flight == 1
-    assert s0.memory_gb * 1e9 == pytest.approx(117376 * 16 + 2 * 3 * BLOCK_ACT)
-    # Last stage: also fp32 logits of one micro-batch, s*b*V*4 = 6400 bytes.
-    assert s1.memory_gb * 1e9 == pytest.approx(43456 * 16 + 1 * BLOCK_ACT + 6400)
+    assert s0.memory_gb * 1e9 == pytest.approx(117376 * 16 + 2 * (3 * BLOCK_ACT + IDS) +
+                                               BLOCK_BWD)
+    # Last stage: the larger of the loss's working set and a block's backward.
+    assert s1.memory_gb * 1e9 == pytest.approx(43456 * 16 + 1 * BLOCK_ACT + max(LOSS, BLOCK_BWD))
+    assert s1.transient_gb * 1e9 == pytest.approx(BLOCK_BWD)
     assert s0.capacity_gb == pytest.approx(4 * 0.95 - 1.5)
     # Cost: 2 GPUs of X at $2 and 2 of Y at $3, rented as whole 8-GPU instances: one of
     # each, 6 idle GPUs in each, 8 * 2 + 8 * 3 = $40/h; 1000 iterations.
@@ -134,8 +146,13 @@ def test_tensor_parallel_time_and_memory(tiny_job: es.Job, tiny_catalog: es.Cata
     # One stage holds everything; parameters split over the 2 TP ranks.
     params = 4 * BLOCK_PARAMS + 6400 + 6400 + 64
     act = 10240 + (BLOCK_ACT - 10240) / 2
-    logits = 8 * 2 * 100 * 4 / 2
-    assert s0.memory_gb * 1e9 == pytest.approx(params / 2 * 16 + 1 * 4 * act + logits)
+    # The backward's gradients at the block's output and input are replicated over the TP
+    # ranks, the MLP's and attention's split; the loss's logits are split too.
+    bwd = 4096 + (8192 + 4096) / 2
+    loss = 9600 / 2 + 4096
+    assert s0.transient_gb * 1e9 == pytest.approx(max(bwd, loss))
+    assert s0.memory_gb * 1e9 == pytest.approx(params / 2 * 16 + 1 * (4 * act + IDS) +
+                                               max(bwd, loss))
 
 
 def test_full_recomputation(tiny_job: es.Job, tiny_catalog: es.Catalog,
@@ -149,10 +166,12 @@ def test_full_recomputation(tiny_job: es.Job, tiny_catalog: es.Catalog,
     assert e1.stages[0].bwd_s == pytest.approx(e0.stages[0].bwd_s + 2 * BLOCK_T_F / 5e8)
     assert e1.stages[0].fwd_s == e0.stages[0].fwd_s
     # ... and keeps only each block's input (s*b*h*2 = 2048 bytes) per micro-batch in
-    # flight, plus one block's full activations while it is recomputed.
-    assert e1.stages[0].activations_gb * 1e9 == pytest.approx(2 * 2 * 2048)
-    assert e1.stages[0].transient_gb * 1e9 == pytest.approx(BLOCK_ACT)
-    assert e0.stages[0].activations_gb * 1e9 == pytest.approx(2 * 2 * BLOCK_ACT)
+    # flight, plus one block's full activations while it is recomputed (with its backward's
+    # gradients).
+    assert e1.stages[0].activations_gb * 1e9 == pytest.approx(2 * (2 * 2048 + IDS))
+    assert e1.stages[0].transient_gb * 1e9 == pytest.approx(BLOCK_ACT + BLOCK_BWD)
+    assert e0.stages[0].transient_gb * 1e9 == pytest.approx(BLOCK_BWD)
+    assert e0.stages[0].activations_gb * 1e9 == pytest.approx(2 * (2 * BLOCK_ACT + IDS))
     # Same type, 1 + 1 GPUs fit one 8-GPU node: the boundary uses the intra-node link.
     assert e0.stages[0].send_intra_node
     assert e0.stages[0].send_s == pytest.approx(2048 / 10e9)

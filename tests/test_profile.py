@@ -65,8 +65,9 @@ def test_measured_times_replace_the_analytic_ones_exactly(plan4: es.Plan) -> Non
     assert first.bwd_s == pytest.approx(2 * 2.5e-4, rel=1e-12)
     assert last.fwd_s == pytest.approx(2 * 1.0e-4 + 4e-5, rel=1e-12)
     assert last.bwd_s == pytest.approx(2 * 2.5e-4 + 6e-5, rel=1e-12)
-    # 1F1B: stage 0 of 2 holds 2 micro-batches of 2 blocks.
-    assert first.activations_gb == pytest.approx(2 * 2 * 3e6 / 1e9, rel=1e-12)
+    # 1F1B: stage 0 of 2 holds 2 micro-batches of 2 blocks (and their token ids, int64).
+    ids = plan4.job.seq_len * 1 * 8
+    assert first.activations_gb == pytest.approx((2 * 2 * 3e6 + 2 * ids) / 1e9, rel=1e-12)
     slow = es.estimate(plan4, profiles={"L4": replace(prof, block_fwd_s=2.0e-4)})
     assert slow.stages[0].fwd_s == pytest.approx(2 * first.fwd_s, rel=1e-12)
     assert slow.stages[0].bwd_s == first.bwd_s

@@ -360,12 +360,13 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
                              : 0.0;
     e.transient_bytes = std::max(loss, num_layers > 0 ? st.rebuilt + st.backward : 0.0);
     const double blk_w = block_params(model) / td;  // one block's parameters per GPU
-    if (sharding >= Sharding::Full && num_layers > 0) {
+    // With one replica every sharding is none: nothing to gather or reduce-scatter.
+    if (sharding >= Sharding::Full && num_layers > 0 && work.dp > 1) {
         // Gathered for compute: the block at work and the next one, prefetched (two blocks'
         // worth on every stage, so memory stays affine in the blocks a stage holds).
         e.transient_bytes += 2.0 * blk_w * params.bytes_per_weight;
     }
-    if (sharding >= Sharding::Zero2 && num_layers > 0) {
+    if (sharding >= Sharding::Zero2 && num_layers > 0 && work.dp > 1) {
         e.transient_bytes += blk_w * params.bytes_per_grad;  // one block's, before reduce-scatter
     }
     e.memory_bytes = e.weights_bytes + e.grads_bytes + e.optimizer_bytes + e.activation_bytes +
