@@ -8,6 +8,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 BENCH = Path(__file__).parents[1] / "bench"
@@ -66,3 +67,32 @@ def test_the_profile_fit_is_reproducible_and_reports_leaving_a_source_out() -> N
     assert sorted(i for i, _, _ in left_out) == sorted(runs)
     for run_id, _, err in left_out:
         assert f"{run_id} {err:+.1%}" in text
+
+
+def test_memory_runs_rebuild_the_prototype_stages() -> None:
+    """bench/validate_memory.py rebuilds each measured run with one stage per measured rank,
+    DeepSpeed's layer list mapped onto blocks, and model states of 20 bytes per parameter
+    (fp16 weights and gradients, fp32 flat gradients, fp32 master weights and Adam states)."""
+    spec = importlib.util.spec_from_file_location("validate_memory", BENCH / "validate_memory.py")
+    assert spec is not None and spec.loader is not None
+    vm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vm)
+    data = yaml.safe_load((BENCH / "memory_runs.yaml").read_text())
+    import espresso as es
+
+    for run in data["runs"]:
+        plan = vm.build(run, data)
+        assert len(plan.stages) == len(run["measured_gib"]) == len(run["partition"]) - 1
+        assert plan.stages[0].layers[0] == 0
+        assert plan.stages[-1].layers[1] == plan.job.model.num_layers
+        est = es.estimate(plan, es.Catalog.builtin("gpus"))
+        model = plan.job.model
+        for stage, st in zip(plan.stages, est.stages, strict=True):
+            lo, hi = stage.layers
+            params = (hi - lo) * model.params_per_block
+            if lo == 0:
+                params += model.vocab_size * model.hidden_size
+            if hi == model.num_layers:
+                params += model.vocab_size * model.hidden_size + model.hidden_size
+            states = st.weights_gb + st.grads_gb + st.optimizer_gb
+            assert states * 1e9 == pytest.approx(20 * params, rel=1e-9)
