@@ -10,6 +10,7 @@ class Recompute(Enum):
     NONE = 0
     FULL = 1
     SELECTIVE = 2
+    SELECTIVE_OP = 3
 
 class Sharding(Enum):
     NONE = 0

@@ -10,13 +10,15 @@ interleaving. The engines people already use run fewer:
   each stage's modules); FSDP2 over the data-parallel ranks, resharding after the forward
   (``fsdp``) or not (``zero2``: ``reshard_after_forward = "never"``); plain data parallelism
   (DDP) only without pipeline and tensor parallelism; its schedules 1F1B, GPipe and
-  interleaved 1F1B; full or selective activation checkpointing.
+  interleaved 1F1B; full activation checkpointing, or its per-op selective checkpointing
+  (``selective-op``: every other matmul's output and the attention kernel's saved), not
+  espresso's attention-core-only ``selective``.
 * **megatron** (Megatron-LM): one TP width; every pipeline stage but the first and the last
   holds the same number of layers (``--decoder-first-pipeline-num-layers`` and
   ``--decoder-last-pipeline-num-layers`` set those two), and interleaving needs equal chunks
   (``--num-layers-per-virtual-pipeline-stage``); the distributed optimizer shards optimizer
   states (ZeRO-1) and nothing more; 1F1B (its non-interleaved schedule) and interleaved 1F1B,
-  no GPipe; full or selective recomputation.
+  no GPipe; full or selective recomputation (``selective``: the attention core).
 
 The search restricts its space to what the engine runs (:meth:`Engine.restrict`,
 ``search(engine=...)``); :func:`runnable` says which engines can run a given plan.
@@ -49,13 +51,21 @@ class Engine:
     shardings: tuple[str, ...]
     """The data-parallel shardings it runs (with more than one replica)."""
     schedules: tuple[str, ...]
+    recomputes: tuple[str, ...]
+    """The recomputation modes it runs (Plan.recompute)."""
     interleave_equal: bool
     """Interleaved chunks must all hold the same number of blocks."""
     source: str
 
-    def restrict(self, *, sharding: Any, schedule: str, virtual_stages: Any) -> dict[str, Any]:
+    def restrict(self, *, sharding: Any, schedule: str, virtual_stages: Any,
+                 recompute: Any = ("none",)) -> dict[str, Any]:
         """The search's space arguments cut to what this engine runs (refused when nothing
         is left)."""
+        rcs = tuple(r for r in recompute if r in self.recomputes)
+        if not rcs:
+            msg = (f"engine {self.name}: runs recomputation {', '.join(self.recomputes)}, "
+                   f"not {', '.join(recompute)}")
+            raise SpecError(msg)
         shs = tuple(s for s in sharding if s in self.shardings)
         if not shs:
             msg = (f"engine {self.name}: runs sharding {', '.join(self.shardings)}, "
@@ -69,22 +79,22 @@ class Engine:
         if self.interleave_equal:  # proven interleaving splits freely: leave it to the check
             vs = tuple(x for x in vs if x == 1) or (1,)
         return {"sharding": shs, "schedule": schedule, "virtual_stages": vs,
-                "middle_equal": self.middle_equal}
+                "recompute": rcs, "middle_equal": self.middle_equal}
 
 
 ENGINES: dict[str, Engine] = {
     "espresso": Engine("espresso", uniform_tp=False, middle_equal=False,
                        shardings=("none", "zero1", "zero2", "fsdp"),
-                       schedules=("1f1b", "gpipe"), interleave_equal=False,
-                       source="espresso.runner (docs/runner.md)"),
+                       schedules=("1f1b", "gpipe"), recomputes=("none", "full", "selective"),
+                       interleave_equal=False, source="espresso.runner (docs/runner.md)"),
     "torchtitan": Engine("torchtitan", uniform_tp=True, middle_equal=False,
                          shardings=("zero2", "fsdp"), schedules=("1f1b", "gpipe"),
-                         interleave_equal=False,
+                         recomputes=("none", "full", "selective-op"), interleave_equal=False,
                          source="pytorch/torchtitan: torchtitan/config/job_config.py "
                                 "(Parallelism), torchtitan/distributed/pipeline_parallel.py"),
     "megatron": Engine("megatron", uniform_tp=True, middle_equal=True,
                        shardings=("none", "zero1"), schedules=("1f1b",),
-                       interleave_equal=True,
+                       recomputes=("none", "full", "selective"), interleave_equal=True,
                        source="NVIDIA/Megatron-LM: megatron/training/arguments.py "
                               "(--decoder-first/last-pipeline-num-layers, "
                               "--use-distributed-optimizer)"),
@@ -140,6 +150,8 @@ def refusal(plan: Plan, engine: str | Engine) -> str | None:
         return f"stage TP widths differ ({'/'.join(str(st.tp) for st in plan.stages[:P])})"
     if plan.schedule not in eng.schedules:
         return f"no {plan.schedule} schedule"
+    if plan.recompute not in eng.recomputes:
+        return f"no {plan.recompute} recomputation"
     ddp_alone = eng.name == "torchtitan" and plan.sharding == "none" and P == 1 and tps == [1]
     if plan.dp > 1 and plan.sharding not in eng.shardings and not ddp_alone:
         return f"no {plan.sharding} sharding"

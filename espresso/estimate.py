@@ -73,7 +73,8 @@ class PlanLike(Protocol):
     def estimate(self) -> Estimate | None: ...
 
 RECOMPUTE_CORE = {"none": core.Recompute.NONE, "full": core.Recompute.FULL,
-                  "selective": core.Recompute.SELECTIVE}
+                  "selective": core.Recompute.SELECTIVE,
+                  "selective-op": core.Recompute.SELECTIVE_OP}
 SHARDING_CORE = {"none": core.Sharding.NONE, "zero1": core.Sharding.ZERO1,
                  "zero2": core.Sharding.ZERO2, "fsdp": core.Sharding.FULL}
 

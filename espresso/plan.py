@@ -19,7 +19,7 @@ from .profile import as_profiles
 
 SCHEMA = "espresso.plan/1"
 SCHEDULES = ("1f1b", "gpipe")
-RECOMPUTE = ("none", "full", "selective")
+RECOMPUTE = ("none", "full", "selective", "selective-op")
 SHARDING = ("none", "zero1", "zero2", "fsdp")
 MAX_STAGES = 1024
 MAX_MICROBATCHES = 1 << 20

@@ -295,9 +295,9 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     :class:`SearchProgress`) is updated while the search runs and can cancel it.
 
     The space: data-parallel degree (any divisor of the global batch), micro-batch size,
-    recomputation (``recompute``: ``none``, ``full``, ``selective``), how model states are
-    sharded over the replicas (``sharding``: ``none``, ``zero1``, ``zero2``, ``fsdp``; by
-    default :data:`DEFAULT_SHARDING`, the last three), and pipelines of up to
+    recomputation (``recompute``: ``none``, ``full``, ``selective``, ``selective-op``), how
+    model states are sharded over the replicas (``sharding``: ``none``, ``zero1``, ``zero2``,
+    ``fsdp``; by default :data:`DEFAULT_SHARDING`, the last three), and pipelines of up to
     ``max_stages`` stages (default :data:`DEFAULT_MAX_STAGES`, depth by variety: 64 for
     single-type plans, 8 for mixes; an int is one depth for all), each a catalog row
     (GPU type or cloud offer) with a power-of-two tensor-parallel width inside one instance
@@ -344,8 +344,11 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
             profiles=profiles, max_gpu_types=max_gpu_types, progress=progress, phase=phase,
             scope=scope, virtual_stages=virtual_stages, interleave_after=interleave_after,
             min_tp=min_tp, even_split=even_split, engine=engine, started=started)
-    space = eng.restrict(sharding=sharding, schedule=schedule, virtual_stages=virtual_stages)
+    recompute = tuple(v.choice("recompute[]", r, RECOMPUTE) for r in recompute)
+    space = eng.restrict(sharding=sharding, schedule=schedule, virtual_stages=virtual_stages,
+                         recompute=recompute)
     sharding, virtual_stages = space["sharding"], space["virtual_stages"]
+    recompute = space["recompute"]
     middle_equal = space["middle_equal"]
     catalog = Catalog.builtin() if catalog is None else catalog
     cost = engine_cost(engine, cost_model)  # the engine's profile unless one is given

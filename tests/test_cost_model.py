@@ -255,3 +255,23 @@ def test_1f1b_with_fewer_microbatches_than_stages_is_estimated_as_gpipe(
     kw = dict(dp=2, micro_batch_size=2, num_microbatches=4)
     assert [s.in_flight for s in es.estimate(make_plan(tiny_job, stages, **kw),
                                              tiny_catalog).stages] == [3, 2, 1]
+
+
+def test_selective_op_keeps_torchtitans_saved_outputs(tiny_job: es.Job, tiny_catalog: es.Catalog,
+                                                      exact_links: es.CostParams) -> None:
+    """torchtitan's per-op policy (every other matmul's output and the attention kernel's
+    saved): per block and micro-batch the input, wq, wv, w1, w2 and the attention output with
+    its log-sum-exp; the rest is rebuilt in the backward, one block at a time."""
+    plans = {rc: make_plan(tiny_job, [("X", 1, 0, 2), ("X", 1, 2, 4)], micro_batch_size=2,
+                           num_microbatches=8, cost_model=exact_links, recompute=rc)
+             for rc in ("none", "selective-op", "full")}
+    est = {rc: es.estimate(p, tiny_catalog).stages[0] for rc, p in plans.items()}
+    sb, h, kv, f, a = 16, 64, 32, 128, 4
+    kept = sb * (h + h + kv + f + h + h) * 2 + 4 * a * sb  # input, wq, wv, w1, out, w2; lse
+    assert est["selective-op"].activations_gb * 1e9 == pytest.approx(2 * (2 * kept + IDS))
+    assert est["selective-op"].transient_gb * 1e9 == pytest.approx(BLOCK_ACT - kept + BLOCK_BWD)
+    # Between none and full in memory and in time.
+    assert (est["full"].activations_gb < est["selective-op"].activations_gb
+            < est["none"].activations_gb)
+    assert est["none"].bwd_s < est["selective-op"].bwd_s < est["full"].bwd_s
+    assert est["selective-op"].fwd_s == est["none"].fwd_s

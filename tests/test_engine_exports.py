@@ -71,7 +71,7 @@ def _import_torchtitan_parser() -> Any:
 
 def test_torchtitan_config_says_what_the_plan_says(tmp_path: Path) -> None:
     plan = _plan([2, 2, 2], [9, 14, 9], ["H200", "H100-SXM", "H100-SXM"], sharding="fsdp",
-                 recompute="selective")
+                 recompute="selective-op")
     files, notes = torchtitan.export(plan, tmp_path)
     assert [f.name for f in files] == ["torchtitan.toml"] and notes
     cfg = tomllib.loads((tmp_path / "torchtitan.toml").read_text())
@@ -85,8 +85,11 @@ def test_torchtitan_config_says_what_the_plan_says(tmp_path: Path) -> None:
     assert blocks == list(range(32))
     assert [sum(n.startswith("layers.") for n in p) for p in parts] == [9, 14, 9]
     assert cfg["training"]["local_batch_size"] * 2 == cfg["training"]["global_batch_size"]
-    assert cfg["activation_checkpoint"]["mode"] == "selective"
+    assert cfg["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
     assert cfg["model"]["flavor"] == "8B"
+    # espresso's attention-core-only selective recomputation is not torchtitan's.
+    with pytest.raises(es.PlanError, match=r"no selective recomputation"):
+        torchtitan.export(replace(plan, recompute="selective"), tmp_path / "x")
 
 
 def test_torchtitan_reads_the_config_with_its_own_parser(tmp_path: Path) -> None:
@@ -94,7 +97,7 @@ def test_torchtitan_reads_the_config_with_its_own_parser(tmp_path: Path) -> None
     checked with torchtitan 0.2.2)."""
     manager = _torchtitan_parser()
     plan = _plan([2, 2, 2], [9, 14, 9], ["H200", "H100-SXM", "H100-SXM"], sharding="fsdp",
-                 recompute="selective")
+                 recompute="selective-op")
     torchtitan.export(plan, tmp_path)
     parts = torchtitan.model_parts(plan)
     with warnings.catch_warnings():

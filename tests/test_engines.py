@@ -104,3 +104,25 @@ def test_a_megatron_plan_of_the_default_catalog(monkeypatch: pytest.MonkeyPatch)
     counts = [st.num_layers for st in plan.stages]
     assert len(set(counts[1:-1])) <= 1
     assert replace(plan, estimate=None).with_estimate().estimate is not None
+
+
+def test_recomputation_modes_per_engine(tiny_job: es.Job) -> None:
+    """torchtitan runs its per-op selective checkpointing (selective-op), not espresso's
+    attention-core-only selective; espresso's runner and Megatron-LM the reverse. A search for
+    an engine keeps to its modes and names what it refused."""
+    catalog = es.Catalog.builtin("gpus").with_counts(**{"A100-80GB": 8})
+    for rc, ok in (("selective", {"espresso", "megatron"}), ("selective-op", {"torchtitan"})):
+        plan = es.Plan(job=tiny_job, stages=(es.Stage(gpu="A100-80GB", layers=(0, 4)),),
+                       dp=2, num_microbatches=8, micro_batch_size=1, recompute=rc,
+                       sharding="fsdp" if "torchtitan" in ok else "zero1")
+        for name in ENGINES:
+            why = refusal(plan, name)
+            assert (why is None) == (name in ok), (rc, name, why)
+            if why is not None:
+                assert why == f"no {rc} recomputation"
+    with pytest.raises(SpecError, match=r"engine torchtitan: runs recomputation none, full, "
+                                        r"selective-op, not selective"):
+        es.search(tiny_job, catalog, engine="torchtitan", recompute=("selective",), max_tp=1)
+    r = es.search(tiny_job, catalog, engine="torchtitan", recompute=("selective-op",), max_tp=1,
+                  time_limit_s=30)
+    assert r.plans and all(p.recompute == "selective-op" for p in r.plans)

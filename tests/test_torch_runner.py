@@ -307,6 +307,10 @@ def test_mismatched_plans_are_refused() -> None:
     bad = es.Plan.from_dict({**plan.to_dict(), "num_microbatches": 3, "gpus": plan.gpus})
     with pytest.raises(PlanError, match="global batch is 4"):
         et.check_plan(bad, L)
+    op = es.Plan.from_dict({**plan.to_dict(), "recompute": "selective-op", "gpus": plan.gpus})
+    with pytest.raises(PlanError, match=r"runner cannot run this plan \(no selective-op "
+                                        r"recomputation\)"):
+        et.check_plan(op, L)
     tp2 = make_plan([(0, 1), (1, 4)], 1, 4, "1f1b")
     tp2 = es.Plan.from_dict({**tp2.to_dict(), "stages": [
         {"gpu": "L4", "tp": 2, "layers": [0, 1]}, {"gpu": "L4", "tp": 1, "layers": [1, 4]}],

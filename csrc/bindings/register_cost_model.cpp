@@ -17,7 +17,8 @@ void register_cost_model(py::module_& m) {
     py::enum_<Recompute>(m, "Recompute")
         .value("NONE", Recompute::None)
         .value("FULL", Recompute::Full)
-        .value("SELECTIVE", Recompute::Selective);
+        .value("SELECTIVE", Recompute::Selective)
+        .value("SELECTIVE_OP", Recompute::SelectiveOp);
     py::enum_<Sharding>(m, "Sharding")
         .value("NONE", Sharding::None)
         .value("ZERO1", Sharding::Zero1)

@@ -95,6 +95,14 @@ BlockTimes block_times(const ModelDims& m, const GpuSpec& g, const CostParams& p
         out.recompute = fwd * g.block_fwd_scale + out.tp_comm;
     } else if (w.recompute == Recompute::Selective) {
         out.recompute = (attn_f + attn_elem) * g.block_fwd_scale;
+    } else if (w.recompute == Recompute::SelectiveOp) {
+        // The matmuls whose outputs were not saved (wk, wo, and w3 or, without a gate, w2)
+        // and every element-wise op; the attention kernel's output was saved.
+        const double redo = gemm_s(tokens, kv / t, h, 1, act, g, p) +
+                            gemm_s(tokens, h, h / t, 1, act, g, p) +
+                            (m.gated_mlp ? gemm_s(tokens, f / t, h, 1, act, g, p)
+                                         : gemm_s(tokens, h, f / t, 1, act, g, p));
+        out.recompute = (redo + elem) * g.block_fwd_scale + out.tp_comm;
     }
     return out;
 }

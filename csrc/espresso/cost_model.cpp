@@ -256,9 +256,9 @@ void validate(const Workload& w) {
         bad("schedule", static_cast<double>(static_cast<int>(w.schedule)), "1f1b or gpipe");
     }
     if (w.recompute != Recompute::None && w.recompute != Recompute::Full &&
-        w.recompute != Recompute::Selective) {
+        w.recompute != Recompute::Selective && w.recompute != Recompute::SelectiveOp) {
         bad("recompute", static_cast<double>(static_cast<int>(w.recompute)),
-            "none, full or selective");
+            "none, full, selective or selective-op");
     }
     if (w.sharding != Sharding::None && w.sharding != Sharding::Zero1 &&
         w.sharding != Sharding::Zero2 && w.sharding != Sharding::Full) {
@@ -301,6 +301,22 @@ BlockStash block_stash(const ModelDims& model, const GpuSpec& g, const CostParam
         const double scores = attention_score_bytes(model, params, s, b, tp) * g.activation_scale;
         out.kept = blk_act - scores;
         out.rebuilt = scores;
+    } else if (work.recompute == Recompute::SelectiveOp) {
+        // torchtitan's per-op policy over its Llama block's matmuls in order (wq, wk, wv, wo,
+        // then w1, w3, w2; without a gate w1, w2): the odd ones' outputs are saved (wq, wv,
+        // w1 and, gated, w2), and the attention kernel's output and log-sum-exp; the block's
+        // input is kept as the checkpoint's. Column-parallel outputs are split over TP ranks;
+        // w2's (row-parallel, before its all-reduce) is whole on each.
+        const double sb = d(s) * d(b), act = params.bytes_per_activation, t = d(tp);
+        const double h = d(model.hidden_size), f = d(model.ffn_hidden_size);
+        double input = sb * h * act;
+        if (work.sequence_parallel) input /= t;
+        double kept = input + sb * (h + kv_dim(model) + f + h) * act / t +  // wq, wv, w1, out
+                      4.0 * d(model.num_heads) * sb / t;                   // fp32 log-sum-exp
+        if (model.gated_mlp) kept += sb * h * act;                          // w2
+        kept *= g.activation_scale;
+        out.kept = std::min(kept, blk_act);
+        out.rebuilt = blk_act - out.kept;
     } else {
         out.kept = blk_act;
     }

@@ -12,7 +12,10 @@ namespace espresso {
 enum class Schedule : int { OneFOneB = 0, GPipe = 1 };
 // Full: every block's forward runs again in the backward; Selective: only the attention
 // core (Korthikanti et al. 2022), which keeps every other tensor the block saves.
-enum class Recompute : int { None = 0, Full = 1, Selective = 2 };
+// SelectiveOp: torchtitan's per-op selective activation checkpointing ("selective" with
+// selective_ac_option "op"): the outputs of every other matmul and of the attention kernel are
+// saved, everything else is recomputed (docs/cost-model.md, "Memory per GPU of a stage").
+enum class Recompute : int { None = 0, Full = 1, Selective = 2, SelectiveOp = 3 };
 // How a stage's model states are sharded over its data-parallel replicas (ZeRO stages,
 // Rajbhandari et al. 2020): optimizer states (Zero1), plus gradients (Zero2), plus the
 // weights themselves, gathered block by block for compute (Full: FSDP / ZeRO-3).

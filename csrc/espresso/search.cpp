@@ -34,8 +34,10 @@ void check_options(const SearchOptions& o) {
     }
     if (o.recompute.empty()) throw std::invalid_argument("recompute options must not be empty");
     for (const Recompute r : o.recompute) {
-        if (r != Recompute::None && r != Recompute::Full && r != Recompute::Selective) {
-            throw std::invalid_argument("recompute options must be none, full or selective");
+        if (r != Recompute::None && r != Recompute::Full && r != Recompute::Selective &&
+            r != Recompute::SelectiveOp) {
+            throw std::invalid_argument(
+                "recompute options must be none, full, selective or selective-op");
         }
     }
     if (o.virtual_stages.empty()) {

@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
         if (hostile && rng() % 5 == 0) w.global_batch_size = any_int(1024);
         w.schedule = rng() % 2 ? Schedule::GPipe : Schedule::OneFOneB;
         w.recompute = static_cast<Recompute>(
-            hostile && rng() % 16 == 0 ? any_int(5) : static_cast<std::int64_t>(rng() % 3));
+            hostile && rng() % 16 == 0 ? any_int(6) : static_cast<std::int64_t>(rng() % 4));
         w.sharding = static_cast<Sharding>(
             hostile && rng() % 16 == 0 ? any_int(7) : static_cast<std::int64_t>(rng() % 4));
         w.sequence_parallel = rng() % 2;

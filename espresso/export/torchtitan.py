@@ -77,8 +77,8 @@ def job_config(plan: Plan, *, dataset: str = "c4", tokenizer: str = "./assets/hf
             "module_fqns_per_model_part": model_parts(plan) if plan.num_stages > 1 else None,
             "pipeline_parallel_schedule": schedule,
             "pipeline_parallel_microbatch_size": plan.micro_batch_size},
-        "activation_checkpoint": {"mode": plan.recompute,
-                                  "selective_ac_option": "op"},
+        "activation_checkpoint": {"mode": "selective" if plan.recompute == "selective-op"
+                                  else plan.recompute, "selective_ac_option": "op"},
         "checkpoint": {"enable": True, "folder": "checkpoint",
                        "interval": interval or max(1, steps // 10)},
     }
