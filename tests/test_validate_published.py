@@ -96,3 +96,22 @@ def test_memory_runs_rebuild_the_prototype_stages() -> None:
                 params += model.vocab_size * model.hidden_size + model.hidden_size
             states = st.weights_gb + st.grads_gb + st.optimizer_gb
             assert states * 1e9 == pytest.approx(20 * params, rel=1e-9)
+
+
+def test_shipped_profiles_are_the_joint_fit_and_each_source_is_predicted_from_the_others() -> None:
+    """The engine profiles ship the constants the joint fit finds on every source (one
+    sustained_fraction, a memory_bandwidth_efficiency per profile), and every source left out
+    is predicted within issue 28's targets by the fit on the rest."""
+    from espresso.engines import profile_constants
+
+    vp = _load()
+    data = yaml.safe_load((BENCH / "published_runs.yaml").read_text())
+    errors = vp._grid_errors(data)  # type: ignore[attr-defined]
+    sf, mbes, _ = vp.joint_fit(data, errors, list(range(len(data["runs"]))))  # type: ignore[attr-defined]
+    assert set(mbes) == {"megatron", "torch-native"}
+    for prof, mbe in mbes.items():
+        shipped = profile_constants(prof)
+        assert (shipped["sustained_fraction"], shipped["memory_bandwidth_efficiency"]) == (sf, mbe)
+    text, ok = vp.leave_one_source_out(data)  # type: ignore[attr-defined]
+    assert ok, text
+    assert text.count("leave out") == len(data["sources"])
