@@ -79,6 +79,7 @@ class CostParams:
     bytes_per_logit: float
     loss_bytes_per_logit: float
     stash_stage_io: bool
+    clone_stage_input: bool
     reserved_gb: float
     memory_reserve_fraction: float
     link_efficiency: float

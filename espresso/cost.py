@@ -64,8 +64,13 @@ class CostParams:
     stash_stage_io: bool = False
     """Each micro-batch in flight keeps its stage's input and output tensors until its
     backward (``torch.distributed.pipelining`` keeps both in its forward cache to run the
-    backward from them); off: the engine frees the output once sent and the input is
+    backward from them; under full or per-op recomputation the input is already the first
+    block's checkpointed input); off: the engine frees the output once sent and the input is
     counted as the first block's (Megatron-LM's ``deallocate_output_tensor``)."""
+    clone_stage_input: bool = False
+    """With ``stash_stage_io``: the engine runs each stage on a copy of the input it received
+    (DeepSpeed's pipeline engine, ``_exec_forward_pass``), so the received buffer is kept
+    besides the first block's checkpointed input under recomputation too."""
     reserved_gb: float = 1.5
     """Memory per GPU that training cannot use: CUDA context, NCCL buffers."""
     memory_reserve_fraction: float = 0.05

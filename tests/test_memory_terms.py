@@ -32,13 +32,19 @@ def spec(hidden: int, ffn: int, vocab: int) -> es.ModelSpec:
                         gated_mlp=True)
 
 
-def measure(model: es.ModelSpec, index: int, in_flight: int) -> tuple[int, int]:
+def measure(model: es.ModelSpec, index: int, in_flight: int,
+            recompute: str = "none") -> tuple[int, int]:
     """Bytes a stage holds after its in-flight forwards, and its peak through their
-    backwards, over its parameters and gradients."""
+    backwards, over its parameters and gradients (blocks wrapped as the runner wraps them
+    for ``recompute``)."""
+    from espresso.runner.states import recomputed
+
     torch.manual_seed(index)
     dt = torch.bfloat16
     first, last = index == 0, index == STAGES - 1
-    blocks = torch.nn.ModuleList(build_block(model) for _ in range(BLOCKS)).to(dt)
+    blocks = torch.nn.ModuleList(
+        build_block(model) if recompute == "none" else recomputed(build_block(model), recompute)
+        for _ in range(BLOCKS)).to(dt)
     emb = build_embedding(model).to(dt) if first else None
     head = build_head(model).to(dt) if last else None
     loss_fn = lm_loss(model)
@@ -76,8 +82,11 @@ def measure(model: es.ModelSpec, index: int, in_flight: int) -> tuple[int, int]:
     return held, track.peak
 
 
-@pytest.mark.parametrize(("hidden", "ffn", "vocab"), [(128, 344, 500), (192, 512, 1000)])
-def test_memory_terms_match_the_runner_modules(hidden: int, ffn: int, vocab: int) -> None:
+@pytest.mark.parametrize(("hidden", "ffn", "vocab", "recompute"),
+                         [(128, 344, 500, "none"), (192, 512, 1000, "none"),
+                          (128, 344, 500, "full"), (192, 512, 1000, "full")])
+def test_memory_terms_match_the_runner_modules(hidden: int, ffn: int, vocab: int,
+                                               recompute: str) -> None:
     model = spec(hidden, ffn, vocab)
     prof = profile_model(model, gpu="L4", seq_len=SEQ, micro_batch_size=MB,
                          dtype=torch.bfloat16, warmup=0, repeats=1)
@@ -88,16 +97,17 @@ def test_memory_terms_match_the_runner_modules(hidden: int, ffn: int, vocab: int
     plan = es.Plan(job=job, stages=tuple(es.Stage(gpu="L4", layers=(i * BLOCKS, (i + 1) * BLOCKS))
                                          for i in range(STAGES)),
                    micro_batch_size=MB, num_microbatches=4, cost_model=cost,
-                   profiles={"L4": prof})
+                   recompute=recompute, profiles={"L4": prof})
     est = es.estimate(plan)
     for i, st in enumerate(est.stages):
         assert st.in_flight == STAGES - i
-        held, peak = measure(model, i, st.in_flight)
+        held, peak = measure(model, i, st.in_flight, recompute)
         predicted_held = st.activations_gb * 1e9
         predicted_peak = (st.activations_gb + st.transient_gb) * 1e9
         if i < STAGES - 1:
-            # Kept activations (the profiled blocks'), the stage inputs and outputs, the first
-            # stage's token ids: exact, but for the norms' fp32 statistics' rounding.
+            # Kept activations (the profiled blocks', or under full recomputation each block's
+            # input), the stage inputs and outputs, the first stage's token ids: exact, but
+            # for the norms' fp32 statistics' rounding.
             assert predicted_held == pytest.approx(held, rel=2e-3), (i, predicted_held, held)
         # Every stage, the last with its loss over fp32 logits: never below, within 10%.
         assert peak <= predicted_peak <= 1.10 * peak, (i, predicted_peak, peak)
@@ -124,3 +134,22 @@ def test_megatron_frees_stage_outputs_and_counts_its_fused_loss() -> None:
     back = (2 * model.hidden_size + 2 * model.ffn + model.hidden_size + 2 * kv) * SEQ * MB * 2
     assert mega.stages[-1].transient_gb * 1e9 == pytest.approx(
         max(6 * logits + 2 * SEQ * MB * model.hidden_size * 2, back))
+
+
+def test_a_cloned_stage_input_is_kept_beside_the_checkpointed_one() -> None:
+    """Under full recomputation the stage's input is the first block's checkpointed input,
+    unless the engine runs the stage on a copy of it (DeepSpeed's pipeline engine)."""
+    model = spec(128, 344, 500)
+    job = es.Job(model=model, seq_len=SEQ, global_batch_size=4 * MB, iterations=1,
+                 deadline_hours=1)
+    stages = tuple(es.Stage(gpu="L4", layers=(i * BLOCKS, (i + 1) * BLOCKS)) for i in range(STAGES))
+
+    def run(**kw: object) -> es.Estimate:
+        cost = es.CostParams(**{**profile_constants("torch-native"), **kw})
+        return es.estimate(es.Plan(job=job, stages=stages, micro_batch_size=MB,
+                                   num_microbatches=4, recompute="full", cost_model=cost))
+    shared, cloned = run(), run(clone_stage_input=True)
+    hidden = SEQ * MB * model.hidden_size * 2
+    for i, (a, b) in enumerate(zip(shared.stages, cloned.stages, strict=True)):
+        extra = a.in_flight * hidden if i > 0 else 0
+        assert (b.activations_gb - a.activations_gb) * 1e9 == pytest.approx(extra, abs=1.0)

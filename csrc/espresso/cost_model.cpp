@@ -360,10 +360,16 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     e.in_flight = in_flight(work.schedule, index, num_stages, work.num_microbatches);
     const BlockStash st = block_stash(model, g, params, work, tp);
     // Per micro-batch in flight: its blocks' stash, and the stage's input and output where
-    // the engine keeps them until the backward (the last stage's output is the loss). The
-    // first stage's input is the token ids (int64), which the embedding keeps for its
-    // backward.
-    const double io = (first ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
+    // the engine keeps them until the backward (the last stage's output is the loss). Under
+    // full and per-op recomputation the input is the first block's checkpointed input,
+    // already counted. The first stage's input is the token ids (int64), which the embedding
+    // keeps for its backward.
+    // An engine that runs the stage on a copy of the received input (DeepSpeed's pipeline
+    // engine) holds both.
+    const bool input_kept = !params.clone_stage_input &&
+                            (work.recompute == Recompute::Full ||
+                             work.recompute == Recompute::SelectiveOp);
+    const double io = (first || input_kept ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
     const double ids = first ? d(s) * d(b) * 8.0 : 0.0;
     e.activation_bytes = d(e.in_flight) * (L * st.kept + io * st.output + ids);
     // One thing works at a time in the backward: the loss over the logits (last stage), then

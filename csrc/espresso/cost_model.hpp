@@ -86,6 +86,7 @@ struct CostParams {
     double bytes_per_logit = 4.0;             // fp32 logits the head writes and reads (time)
     double loss_bytes_per_logit = 6.0;        // held per logit at the loss's peak (memory)
     bool stash_stage_io = false;              // in-flight micro-batches' stage input, output kept
+    bool clone_stage_input = false;           // the engine runs a stage on a copy of its input
     double reserved_gb = 1.5;                 // CUDA context, NCCL buffers
     double memory_reserve_fraction = 0.05;    // allocator fragmentation
     double link_efficiency = 0.8;             // achieved fraction of link bandwidth

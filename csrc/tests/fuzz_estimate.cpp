@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
         p.p2p_overlap = rng() % 2;
         p.p2p_scatter_gather = rng() % 2;
         p.stash_stage_io = rng() % 2;
+        p.clone_stage_input = rng() % 2;
         if (hostile && rng() % 4 == 0) p.loss_bytes_per_logit = any_double();
         if (hostile && rng() % 4 == 0) p.sustained_fraction = any_double();
         if (hostile && rng() % 4 == 0) p.attention_efficiency = any_double();
