@@ -80,6 +80,8 @@ class CostParams:
     loss_bytes_per_logit: float
     stash_stage_io: bool
     clone_stage_input: bool
+    short_1f1b_as_gpipe: bool
+    optimizer_transient_bytes_per_param: float
     reserved_gb: float
     memory_reserve_fraction: float
     link_efficiency: float

@@ -71,6 +71,18 @@ class CostParams:
     """With ``stash_stage_io``: the engine runs each stage on a copy of the input it received
     (DeepSpeed's pipeline engine, ``_exec_forward_pass``), so the received buffer is kept
     besides the first block's checkpointed input under recomputation too."""
+    optimizer_transient_bytes_per_param: float = 0.0
+    """Bytes per parameter the optimizer step allocates for its intermediates, on the share
+    of the parameters a GPU updates; the step runs after the last backward, so they count
+    where they exceed the activations. 0 for fused optimizers (Megatron-LM's FusedAdam); 4 in
+    the torch-native profile: PyTorch's foreach Adam "uses ~ sizeof(params) more peak memory
+    than the for-loop version due to the intermediates being a tensorlist" (torch.optim's
+    ``foreach`` documentation), fp32 parameters."""
+    short_1f1b_as_gpipe: bool = True
+    """Memory of a 1F1B plan with fewer micro-batches than stages: held as GPipe holds it (all
+    ``M`` on every stage), as espresso's runner runs such a plan (PyTorch's 1F1B needs a
+    micro-batch per stage); off: as 1F1B, stage ``i`` holding ``min(P - i, M)`` (Megatron-LM,
+    DeepSpeed). Its time is GPipe's either way (the order differs only after the warm-up)."""
     reserved_gb: float = 1.5
     """Memory per GPU that training cannot use: CUDA context, NCCL buffers."""
     memory_reserve_fraction: float = 0.05

@@ -87,6 +87,9 @@ void register_cost_model(py::module_& m) {
         .def_readwrite("loss_bytes_per_logit", &CostParams::loss_bytes_per_logit)
         .def_readwrite("stash_stage_io", &CostParams::stash_stage_io)
         .def_readwrite("clone_stage_input", &CostParams::clone_stage_input)
+        .def_readwrite("short_1f1b_as_gpipe", &CostParams::short_1f1b_as_gpipe)
+        .def_readwrite("optimizer_transient_bytes_per_param",
+                       &CostParams::optimizer_transient_bytes_per_param)
         .def_readwrite("reserved_gb", &CostParams::reserved_gb)
         .def_readwrite("memory_reserve_fraction", &CostParams::memory_reserve_fraction)
         .def_readwrite("link_efficiency", &CostParams::link_efficiency)

@@ -229,6 +229,8 @@ void validate(const CostParams& p) {
     check_pos("cost_model.bytes_per_activation", p.bytes_per_activation);
     check_nonneg("cost_model.bytes_per_logit", p.bytes_per_logit);
     check_nonneg("cost_model.loss_bytes_per_logit", p.loss_bytes_per_logit);
+    check_nonneg("cost_model.optimizer_transient_bytes_per_param",
+                 p.optimizer_transient_bytes_per_param);
     check_nonneg("cost_model.reserved_gb", p.reserved_gb);
     if (!std::isfinite(p.memory_reserve_fraction) || p.memory_reserve_fraction < 0 ||
         p.memory_reserve_fraction >= 1) {
@@ -357,7 +359,14 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     e.optimizer_bytes = per_gpu * work.optimizer_bytes_per_param / sh.optimizer;
 
     // Activations.
-    e.in_flight = in_flight(work.schedule, index, num_stages, work.num_microbatches);
+    // A 1F1B plan with fewer micro-batches than stages runs as GPipe on espresso's runner
+    // (PyTorch's 1F1B needs a micro-batch per stage); Megatron-LM and DeepSpeed run it as
+    // 1F1B, stage i holding min(P - i, M).
+    e.in_flight = params.short_1f1b_as_gpipe
+                      ? in_flight(work.schedule, index, num_stages, work.num_microbatches)
+                      : (work.schedule == Schedule::GPipe
+                             ? work.num_microbatches
+                             : std::min(num_stages - index, work.num_microbatches));
     const BlockStash st = block_stash(model, g, params, work, tp);
     // Per micro-batch in flight: its blocks' stash, and the stage's input and output where
     // the engine keeps them until the backward (the last stage's output is the loss). Under
@@ -391,6 +400,11 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     if (sharding >= Sharding::Zero2 && num_layers > 0 && work.dp > 1) {
         e.transient_bytes += blk_w * params.bytes_per_grad;  // one block's, before reduce-scatter
     }
+    // The optimizer step runs after the last backward, when the activations are freed: its
+    // intermediates (PyTorch's foreach Adam: about the parameters' size) count where they
+    // exceed them.
+    e.step_bytes = per_gpu * params.optimizer_transient_bytes_per_param / sh.optimizer;
+    e.transient_bytes = std::max(e.transient_bytes, e.step_bytes - e.activation_bytes);
     e.memory_bytes = e.weights_bytes + e.grads_bytes + e.optimizer_bytes + e.activation_bytes +
                      e.transient_bytes;
     e.capacity_bytes = usable_bytes(g, params);
@@ -618,6 +632,10 @@ DeviceMemory device_memory(const std::vector<StageEstimate>& chunks, const Block
     }
     const double outputs = smallest > 0 ? d((peak_blocks + smallest - 1) / smallest) : 0.0;
     m.activations = d(peak_blocks) * stash.kept + 2.0 * outputs * stash.output;
+    // One optimizer step updates every chunk's parameters, after the activations are freed.
+    double step = 0;
+    for (const StageEstimate& e : chunks) step += e.step_bytes;
+    m.transient = std::max(m.transient, step - m.activations);
     m.total = m.weights + m.grads + m.optimizer + m.activations + m.transient;
     return m;
 }

@@ -87,6 +87,8 @@ struct CostParams {
     double loss_bytes_per_logit = 6.0;        // held per logit at the loss's peak (memory)
     bool stash_stage_io = false;              // in-flight micro-batches' stage input, output kept
     bool clone_stage_input = false;           // the engine runs a stage on a copy of its input
+    bool short_1f1b_as_gpipe = true;          // 1F1B with fewer micro-batches than stages: GPipe
+    double optimizer_transient_bytes_per_param = 0.0;  // the optimizer step's intermediates
     double reserved_gb = 1.5;                 // CUDA context, NCCL buffers
     double memory_reserve_fraction = 0.05;    // allocator fragmentation
     double link_efficiency = 0.8;             // achieved fraction of link bandwidth
@@ -163,8 +165,10 @@ struct StageEstimate {
     double grads_bytes = 0;
     double optimizer_bytes = 0;
     double activation_bytes = 0;  // stashed for the micro-batches in flight
-    double transient_bytes = 0;   // recomputation working set, logits
+    double transient_bytes = 0;   // recomputation working set, logits; the optimizer step's
+                                  // excess over the activations (it runs once they are freed)
     double memory_bytes = 0;      // sum of the above
+    double step_bytes = 0;        // the optimizer step's intermediates per GPU
     double capacity_bytes = 0;    // usable after head-room
     std::int64_t in_flight = 0;   // micro-batches whose activations are held
     double send_s = 0;            // activation transfer to the next stage (0 for last)

@@ -256,11 +256,15 @@ std::vector<std::int64_t> Tree::layers_in_flight(const Combo& c, std::size_t st,
                                            std::int64_t lenient) const {
     std::vector<std::int64_t> out;
     const GpuSpec& g = gpus_[st];
+    // Without the optimizer step's intermediates (a max over the activations, not affine):
+    // memory only lower, so the counts stay upper bounds.
+    CostParams affine = params_;
+    affine.optimizer_transient_bytes_per_param = 0.0;
     auto mem = [&](std::int64_t n, std::int64_t k) {
         Workload w = c.work;
         w.schedule = Schedule::GPipe;
         w.num_microbatches = k;
-        return stage_cost(model_, g, params_, w, tp, n, 1, 3).memory_bytes;
+        return stage_cost(model_, g, affine, w, tp, n, 1, 3).memory_bytes;
     };
     const std::int64_t k0 = c.work.schedule == Schedule::GPipe ? c.work.num_microbatches : 1;
     const double m1 = mem(1, k0), m2 = mem(2, k0);
