@@ -82,6 +82,7 @@ class CostParams:
     clone_stage_input: bool
     short_1f1b_as_gpipe: bool
     optimizer_transient_bytes_per_param: float
+    unfused_fp32_copies: bool
     reserved_gb: float
     memory_reserve_fraction: float
     link_efficiency: float

@@ -78,6 +78,11 @@ class CostParams:
     the torch-native profile: PyTorch's foreach Adam "uses ~ sizeof(params) more peak memory
     than the for-loop version due to the intermediates being a tensorlist" (torch.optim's
     ``foreach`` documentation), fp32 parameters."""
+    unfused_fp32_copies: bool = False
+    """Unfused (Hugging Face style) block code: each RMSNorm keeps the fp32 copy of its input
+    (``x.to(float32).pow(2)``), and a rotary embedding computed in fp32 keeps fp32 copies of
+    Q and K (CoLLiE's ``RMSNormalize`` and ``RotaryPositionEmbedding``); off: fused kernels,
+    Korthikanti et al.'s count."""
     short_1f1b_as_gpipe: bool = True
     """Memory of a 1F1B plan with fewer micro-batches than stages: held as GPipe holds it (all
     ``M`` on every stage), as espresso's runner runs such a plan (PyTorch's 1F1B needs a

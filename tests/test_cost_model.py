@@ -3,6 +3,8 @@ comments from the formulas of docs/cost-model.md, not taken from the code)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from _helpers import make_plan
 
@@ -275,3 +277,22 @@ def test_selective_op_keeps_torchtitans_saved_outputs(tiny_job: es.Job, tiny_cat
             < est["none"].activations_gb)
     assert est["none"].bwd_s < est["selective-op"].bwd_s < est["full"].bwd_s
     assert est["selective-op"].fwd_s == est["none"].fwd_s
+
+
+def test_unfused_fp32_copies_by_hand(tiny_model: es.ModelSpec) -> None:
+    """HF-style blocks: each of the two RMSNorms keeps an fp32 copy of its input (4 bytes per
+    element) and the fp32 rotary embedding fp32 copies of Q and K; a learned-position model
+    has no rotary copies."""
+    plain = es.CostParams()._core()
+    unfused = es.CostParams(unfused_fp32_copies=True)._core()
+    sb, h, kv = 16, 64, 32
+    extra = 2 * 4 * sb * h + 4 * sb * (h + kv)
+    assert (_core.block_activation_bytes(tiny_model._dims(), unfused, 8, 2, 1)
+            - _core.block_activation_bytes(tiny_model._dims(), plain, 8, 2, 1)) == extra
+    # Split over TP ranks: the rotary copies of Q and K only.
+    assert (_core.block_activation_bytes(tiny_model._dims(), unfused, 8, 2, 2)
+            - _core.block_activation_bytes(tiny_model._dims(), plain, 8, 2, 2)) == (
+        2 * 4 * sb * h + 4 * sb * (h + kv) / 2)
+    learned = replace(tiny_model, position_embeddings=16)
+    assert (_core.block_activation_bytes(learned._dims(), unfused, 8, 2, 1)
+            - _core.block_activation_bytes(learned._dims(), plain, 8, 2, 1)) == 2 * 4 * sb * h

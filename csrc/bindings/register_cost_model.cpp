@@ -88,6 +88,7 @@ void register_cost_model(py::module_& m) {
         .def_readwrite("stash_stage_io", &CostParams::stash_stage_io)
         .def_readwrite("clone_stage_input", &CostParams::clone_stage_input)
         .def_readwrite("short_1f1b_as_gpipe", &CostParams::short_1f1b_as_gpipe)
+        .def_readwrite("unfused_fp32_copies", &CostParams::unfused_fp32_copies)
         .def_readwrite("optimizer_transient_bytes_per_param",
                        &CostParams::optimizer_transient_bytes_per_param)
         .def_readwrite("reserved_gb", &CostParams::reserved_gb)

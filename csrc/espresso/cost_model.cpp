@@ -129,6 +129,12 @@ double block_activation_bytes(const ModelDims& m, const CostParams& p, std::int6
     if (p.flash_attention) {
         split += 4.0 * a * sb;  // fp32 log-sum-exp per head and row
     }
+    if (p.unfused_fp32_copies) {
+        // Unfused (HF-style) code: each RMSNorm keeps the fp32 copy of its input its square
+        // is taken of, and a rotary embedding computed in fp32 keeps fp32 copies of Q and K.
+        replicated += 2.0 * 4.0 * sb * h;
+        if (m.position_embeddings == 0) split += 4.0 * sb * (h + kv_dim(m));
+    }
     // The non-flash softmax output (+ dropout mask and dropout output): attention_score_bytes.
     return (sequence_parallel ? replicated / t : replicated) + split / t +
            attention_score_bytes(m, p, seq_len, micro_batch, tp);

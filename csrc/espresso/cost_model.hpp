@@ -89,6 +89,7 @@ struct CostParams {
     bool clone_stage_input = false;           // the engine runs a stage on a copy of its input
     bool short_1f1b_as_gpipe = true;          // 1F1B with fewer micro-batches than stages: GPipe
     double optimizer_transient_bytes_per_param = 0.0;  // the optimizer step's intermediates
+    bool unfused_fp32_copies = false;         // norms and rotary keep fp32 copies (HF-style)
     double reserved_gb = 1.5;                 // CUDA context, NCCL buffers
     double memory_reserve_fraction = 0.05;    // allocator fragmentation
     double link_efficiency = 0.8;             // achieved fraction of link bandwidth

@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
         p.stash_stage_io = rng() % 2;
         p.clone_stage_input = rng() % 2;
         p.short_1f1b_as_gpipe = rng() % 2;
+        p.unfused_fp32_copies = rng() % 2;
         if (rng() % 2) p.optimizer_transient_bytes_per_param = hostile ? any_double() : 4.0;
         if (hostile && rng() % 4 == 0) p.loss_bytes_per_logit = any_double();
         if (hostile && rng() % 4 == 0) p.sustained_fraction = any_double();
