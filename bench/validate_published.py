@@ -146,12 +146,30 @@ def source_cost(data: dict[str, Any], source: str,
 
 FIT_GRID = {"sustained_fraction": [round(0.5 + 0.05 * i, 2) for i in range(11)],
             "memory_bandwidth_efficiency": [round(0.05 * i, 2) for i in range(1, 17)]}
-"""The constants an engine profile fits, and the values tried (minimax |error|)."""
+"""The constants fitted to the published runs, and the values tried."""
 
 
 def engine_of(data: dict[str, Any], source: str) -> str:
     """The engine profile a source's runs are costed with (Megatron-LM's unless it names one)."""
     return str(data["sources"][source].get("engine", "megatron"))
+
+
+def _grid_errors(data: dict[str, Any], index: list[int] | None = None,
+                 ) -> dict[tuple[int, float, float], float]:
+    """The signed error of every run (or the runs ``index``) at every (sustained_fraction,
+    memory_bandwidth_efficiency) of :data:`FIT_GRID`, keyed by (run index, sf, mbe)."""
+    out = {}
+    for i in range(len(data["runs"])) if index is None else index:
+        run = data["runs"][i]
+        plan, catalog = build(run, data)
+        pub = published_step_s(run, plan.job.model)
+        for sf in FIT_GRID["sustained_fraction"]:
+            for mbe in FIT_GRID["memory_bandwidth_efficiency"]:
+                cost = source_cost(data, run["source"], sustained_fraction=sf,
+                                   memory_bandwidth_efficiency=mbe)
+                est = es.estimate(replace(plan, cost_model=cost), catalog)
+                out[i, sf, mbe] = (est.iteration_s - pub) / pub
+    return out
 
 
 def fit_profile(data: dict[str, Any], profile: str
@@ -161,18 +179,12 @@ def fit_profile(data: dict[str, Any], profile: str
     one source out), as a report and as (run, source, error) rows."""
     import itertools
 
-    runs = [r for r in data["runs"] if engine_of(data, r["source"]) == profile]
-    built = [(r, *build(r, data)) for r in runs]
+    index = [i for i, r in enumerate(data["runs"]) if engine_of(data, r["source"]) == profile]
+    runs = [data["runs"][i] for i in index]
+    grid = _grid_errors(data, index)
     keys = list(FIT_GRID)
-    errors: dict[tuple[float, ...], list[float]] = {}
-    for point in itertools.product(*FIT_GRID.values()):
-        errs = []
-        for run, plan, catalog in built:
-            cost = source_cost(data, run["source"], **dict(zip(keys, point, strict=True)))
-            est = es.estimate(replace(plan, cost_model=cost), catalog)
-            pub = published_step_s(run, plan.job.model)
-            errs.append((est.iteration_s - pub) / pub)
-        errors[point] = errs
+    errors = {point: [grid[(i, *point)] for i in index]
+              for point in itertools.product(*FIT_GRID.values())}
 
     def best(mask: list[bool]) -> tuple[float, ...]:
         return min(errors, key=lambda p: (max(abs(e) for e, m in zip(errors[p], mask,
@@ -204,22 +216,6 @@ CRITERIA: dict[str, Any] = {"mean": statistics.fmean, "median": statistics.media
 deviations, the default: one odd source moves it least), ``median`` or ``max`` (minimax)."""
 
 
-def _grid_errors(data: dict[str, Any]) -> dict[tuple[int, float, float], float]:
-    """The signed error of every run at every (sustained_fraction, memory_bandwidth_efficiency)
-    of :data:`FIT_GRID`, keyed by (run index, sf, mbe)."""
-    out = {}
-    for i, run in enumerate(data["runs"]):
-        plan, catalog = build(run, data)
-        pub = published_step_s(run, plan.job.model)
-        for sf in FIT_GRID["sustained_fraction"]:
-            for mbe in FIT_GRID["memory_bandwidth_efficiency"]:
-                cost = source_cost(data, run["source"], sustained_fraction=sf,
-                                   memory_bandwidth_efficiency=mbe)
-                est = es.estimate(replace(plan, cost_model=cost), catalog)
-                out[i, sf, mbe] = (est.iteration_s - pub) / pub
-    return out
-
-
 def joint_fit(data: dict[str, Any], errors: dict[tuple[int, float, float], float],
               use: list[int], criterion: str = "mean") -> tuple[float, dict[str, float], float]:
     """One sustained_fraction for every engine (the matmuls run in cuBLAS either way) and one
@@ -245,8 +241,8 @@ def joint_fit(data: dict[str, Any], errors: dict[tuple[int, float, float], float
 
 def leave_one_source_out(data: dict[str, Any], criterion: str = "mean") -> tuple[str, bool]:
     """Every source predicted by constants fitted on all the other sources (:func:`joint_fit`:
-    one sustained_fraction, a memory_bandwidth_efficiency per engine profile, minimax
-    |error|); the headline is the median and max |error| over the left-out runs. The
+    one sustained_fraction, a memory_bandwidth_efficiency per engine profile, scored by
+    ``criterion``); the headline is the median and max |error| over the left-out runs. The
     per-source switches (``framework``) are how each source's framework runs, read from its
     code and papers, and are not refitted."""
     errors = _grid_errors(data)

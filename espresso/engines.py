@@ -58,7 +58,7 @@ class Engine:
     source: str
 
     def restrict(self, *, sharding: Any, schedule: str, virtual_stages: Any,
-                 recompute: Any = ("none",)) -> dict[str, Any]:
+                 recompute: Any) -> dict[str, Any]:
         """The search's space arguments cut to what this engine runs (refused when nothing
         is left)."""
         rcs = tuple(r for r in recompute if r in self.recomputes)

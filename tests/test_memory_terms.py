@@ -32,6 +32,16 @@ def spec(hidden: int, ffn: int, vocab: int) -> es.ModelSpec:
                         gated_mlp=True)
 
 
+def estimate(model: es.ModelSpec, cost: es.CostParams, recompute: str = "none",
+             profiles: dict[str, es.Profile] | None = None) -> es.Estimate:
+    """The plan of these tests: STAGES stages of BLOCKS blocks on L4s, 4 micro-batches of MB."""
+    job = es.Job(model=model, seq_len=SEQ, global_batch_size=4 * MB, iterations=1,
+                 deadline_hours=1)
+    stages = tuple(es.Stage(gpu="L4", layers=(i * BLOCKS, (i + 1) * BLOCKS)) for i in range(STAGES))
+    return es.estimate(es.Plan(job=job, stages=stages, micro_batch_size=MB, num_microbatches=4,
+                               recompute=recompute, cost_model=cost, profiles=profiles or {}))
+
+
 def measure(model: es.ModelSpec, index: int, in_flight: int,
             recompute: str = "none") -> tuple[int, int]:
     """Bytes a stage holds after its in-flight forwards, and its peak through their
@@ -93,19 +103,13 @@ def test_memory_terms_match_the_runner_modules(hidden: int, ffn: int, vocab: int
     model = spec(hidden, ffn, vocab)
     prof = profile_model(model, gpu="L4", seq_len=SEQ, micro_batch_size=MB,
                          dtype=torch.bfloat16, warmup=0, repeats=1)
-    job = es.Job(model=model, seq_len=SEQ, global_batch_size=4 * MB, iterations=1,
-                 deadline_hours=1)
     # The profile's optimizer step counts fp32 parameters (4 bytes of intermediates each);
     # these modules hold bf16 ones, so 2.
     profile = profile_constants("torch-native")
     assert profile["optimizer_transient_bytes_per_param"] == 4
     cost = es.CostParams(**{**profile, "optimizer_transient_bytes_per_param": 2})
     assert cost.stash_stage_io and cost.loss_bytes_per_logit == 14
-    plan = es.Plan(job=job, stages=tuple(es.Stage(gpu="L4", layers=(i * BLOCKS, (i + 1) * BLOCKS))
-                                         for i in range(STAGES)),
-                   micro_batch_size=MB, num_microbatches=4, cost_model=cost,
-                   recompute=recompute, profiles={"L4": prof})
-    est = es.estimate(plan)
+    est = estimate(model, cost, recompute, {"L4": prof})
     for i, st in enumerate(est.stages):
         assert st.in_flight == STAGES - i
         held, peak = measure(model, i, st.in_flight, recompute)
@@ -125,14 +129,8 @@ def test_megatron_frees_stage_outputs_and_counts_its_fused_loss() -> None:
     """The Megatron-LM profile: no stage inputs or outputs kept beyond the blocks', 6 bytes per
     logit at the loss."""
     model = spec(128, 344, 500)
-    job = es.Job(model=model, seq_len=SEQ, global_batch_size=4 * MB, iterations=1,
-                 deadline_hours=1)
-    stages = tuple(es.Stage(gpu="L4", layers=(i * BLOCKS, (i + 1) * BLOCKS)) for i in range(STAGES))
-    def run(cost: es.CostParams) -> es.Estimate:
-        return es.estimate(es.Plan(job=job, stages=stages, micro_batch_size=MB,
-                                   num_microbatches=4, cost_model=cost))
-    mega = run(es.CostParams(**profile_constants("megatron")))
-    keep = run(es.CostParams(**profile_constants("megatron"), stash_stage_io=True))
+    mega = estimate(model, es.CostParams(**profile_constants("megatron")))
+    keep = estimate(model, es.CostParams(**profile_constants("megatron"), stash_stage_io=True))
     out = SEQ * MB * model.hidden_size * 2  # one bf16 stage output
     for i, (a, b) in enumerate(zip(mega.stages, keep.stages, strict=True)):
         extra = a.in_flight * out * ((i > 0) + (i < STAGES - 1))
@@ -148,15 +146,9 @@ def test_a_cloned_stage_input_is_kept_beside_the_checkpointed_one() -> None:
     """Under full recomputation the stage's input is the first block's checkpointed input,
     unless the engine runs the stage on a copy of it (DeepSpeed's pipeline engine)."""
     model = spec(128, 344, 500)
-    job = es.Job(model=model, seq_len=SEQ, global_batch_size=4 * MB, iterations=1,
-                 deadline_hours=1)
-    stages = tuple(es.Stage(gpu="L4", layers=(i * BLOCKS, (i + 1) * BLOCKS)) for i in range(STAGES))
-
-    def run(**kw: object) -> es.Estimate:
-        cost = es.CostParams(**{**profile_constants("torch-native"), **kw})
-        return es.estimate(es.Plan(job=job, stages=stages, micro_batch_size=MB,
-                                   num_microbatches=4, recompute="full", cost_model=cost))
-    shared, cloned = run(), run(clone_stage_input=True)
+    native = profile_constants("torch-native")
+    shared = estimate(model, es.CostParams(**native), "full")
+    cloned = estimate(model, es.CostParams(**native, clone_stage_input=True), "full")
     hidden = SEQ * MB * model.hidden_size * 2
     for i, (a, b) in enumerate(zip(shared.stages, cloned.stages, strict=True)):
         extra = a.in_flight * hidden if i > 0 else 0

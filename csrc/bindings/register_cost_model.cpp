@@ -274,5 +274,5 @@ void register_cost_model(py::module_& m) {
     m.def("closed_form_s", &closed_form_s, py::arg("fwd_s"), py::arg("bwd_s"),
           py::arg("num_microbatches"));
     m.def("in_flight", &in_flight, py::arg("schedule"), py::arg("stage"), py::arg("num_stages"),
-          py::arg("num_microbatches"));
+          py::arg("num_microbatches"), py::arg("short_as_gpipe") = true);
 }

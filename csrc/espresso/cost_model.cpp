@@ -297,11 +297,14 @@ BlockStash block_stash(const ModelDims& model, const GpuSpec& g, const CostParam
     const std::int64_t s = work.seq_len, b = work.micro_batch_size;
     const double blk_act = block_activation_bytes(model, params, s, b, tp, work.sequence_parallel) *
                            g.activation_scale;
+    const double sb = d(s) * d(b), act = params.bytes_per_activation, t = d(tp);
+    const double h = d(model.hidden_size), f = d(model.ffn_hidden_size);
+    // One hidden state (a block's input or output) on one GPU: replicated over the TP ranks
+    // unless sequence-parallel.
+    const double hidden = work.sequence_parallel ? sb * h * act / t : sb * h * act;
     BlockStash out;
     if (work.recompute == Recompute::Full) {
-        double input = d(s) * d(b) * d(model.hidden_size) * params.bytes_per_activation;
-        if (work.sequence_parallel) input /= d(tp);
-        out.kept = input;
+        out.kept = hidden;
         out.rebuilt = blk_act;
     } else if (work.recompute == Recompute::Selective) {
         // The attention core's score-sized tensors are rebuilt in the backward, one block
@@ -315,13 +318,9 @@ BlockStash block_stash(const ModelDims& model, const GpuSpec& g, const CostParam
         // w1 and, gated, w2), and the attention kernel's output and log-sum-exp; the block's
         // input is kept as the checkpoint's. Column-parallel outputs are split over TP ranks;
         // w2's (row-parallel, before its all-reduce) is whole on each.
-        const double sb = d(s) * d(b), act = params.bytes_per_activation, t = d(tp);
-        const double h = d(model.hidden_size), f = d(model.ffn_hidden_size);
-        double input = sb * h * act;
-        if (work.sequence_parallel) input /= t;
-        double kept = input + sb * (h + kv_dim(model) + f + h) * act / t +  // wq, wv, w1, out
-                      4.0 * d(model.num_heads) * sb / t;                   // fp32 log-sum-exp
-        if (model.gated_mlp) kept += sb * h * act;                          // w2
+        double kept = hidden + sb * (h + kv_dim(model) + f + h) * act / t +  // wq, wv, w1, out
+                      4.0 * d(model.num_heads) * sb / t;                    // fp32 log-sum-exp
+        if (model.gated_mlp) kept += sb * h * act;                           // w2
         kept *= g.activation_scale;
         out.kept = std::min(kept, blk_act);
         out.rebuilt = blk_act - out.kept;
@@ -329,17 +328,12 @@ BlockStash block_stash(const ModelDims& model, const GpuSpec& g, const CostParam
         out.kept = blk_act;
     }
     // The backward of a block holds, besides what it kept, the gradient arriving at its output
-    // and the one leaving its input (replicated over TP ranks unless sequence-parallel), and
-    // at most the sum of the MLP's working set (the gradients of the up projection's output
-    // and of the activation's: two MLP-interior tensors) and the attention's (the gradients
-    // of Q, K and V). Checked on the runner's blocks on CPU, tests/test_memory_terms.py.
-    const double sb = d(s) * d(b), act = params.bytes_per_activation;
-    const double sbh = sb * d(model.hidden_size) * act;
-    const double replicated = work.sequence_parallel ? sbh / d(tp) : sbh;
-    out.backward = 2.0 * replicated +
-                   (2.0 * sb * d(model.ffn_hidden_size) + sb * (d(model.hidden_size) + 2.0 * kv_dim(model))) *
-                       act / d(tp);
-    out.output = params.stash_stage_io ? replicated : 0.0;
+    // and the one leaving its input, and at most the sum of the MLP's working set (the
+    // gradients of the up projection's output and of the activation's: two MLP-interior
+    // tensors) and the attention's (the gradients of Q, K and V). Checked on the runner's
+    // blocks on CPU, tests/test_memory_terms.py.
+    out.backward = 2.0 * hidden + (2.0 * sb * f + sb * (h + 2.0 * kv_dim(model))) * act / t;
+    out.output = params.stash_stage_io ? hidden : 0.0;
     return out;
 }
 
@@ -367,12 +361,9 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     // Activations.
     // A 1F1B plan with fewer micro-batches than stages runs as GPipe on espresso's runner
     // (PyTorch's 1F1B needs a micro-batch per stage); Megatron-LM and DeepSpeed run it as
-    // 1F1B, stage i holding min(P - i, M).
-    e.in_flight = params.short_1f1b_as_gpipe
-                      ? in_flight(work.schedule, index, num_stages, work.num_microbatches)
-                      : (work.schedule == Schedule::GPipe
-                             ? work.num_microbatches
-                             : std::min(num_stages - index, work.num_microbatches));
+    // 1F1B.
+    e.in_flight = in_flight(work.schedule, index, num_stages, work.num_microbatches,
+                            params.short_1f1b_as_gpipe);
     const BlockStash st = block_stash(model, g, params, work, tp);
     // Per micro-batch in flight: its blocks' stash, and the stage's input and output where
     // the engine keeps them until the backward (the last stage's output is the loss). Under
@@ -621,6 +612,8 @@ void interleave_devices(EstimateResult& r, const ModelDims& model, const std::ve
 DeviceMemory device_memory(const std::vector<StageEstimate>& chunks, const BlockStash& stash,
                            std::int64_t peak_blocks) {
     DeviceMemory m;
+    std::int64_t smallest = 0;  // the fewest blocks of a chunk that has any
+    double step = 0;            // one optimizer step updates every chunk's parameters
     for (const StageEstimate& e : chunks) {
         m.weights += e.weights_bytes;
         m.grads += e.grads_bytes;
@@ -628,19 +621,15 @@ DeviceMemory device_memory(const std::vector<StageEstimate>& chunks, const Block
         m.transient = std::max(m.transient, e.transient_bytes);
         m.dp_allreduce_s += e.dp_allreduce_s;
         m.optimizer_step_s += e.optimizer_step_s;
+        if (e.num_layers > 0 && (smallest == 0 || e.num_layers < smallest)) smallest = e.num_layers;
+        step += e.step_bytes;
     }
     m.peak_blocks = peak_blocks;
     // Each (chunk, micro-batch) in flight holds at least the smallest chunk's blocks, so at
     // most ceil(peak_blocks / smallest) stage inputs and outputs are kept with them.
-    std::int64_t smallest = 0;
-    for (const StageEstimate& e : chunks) {
-        if (e.num_layers > 0 && (smallest == 0 || e.num_layers < smallest)) smallest = e.num_layers;
-    }
     const double outputs = smallest > 0 ? d((peak_blocks + smallest - 1) / smallest) : 0.0;
     m.activations = d(peak_blocks) * stash.kept + 2.0 * outputs * stash.output;
-    // One optimizer step updates every chunk's parameters, after the activations are freed.
-    double step = 0;
-    for (const StageEstimate& e : chunks) step += e.step_bytes;
+    // The step runs after the activations are freed.
     m.transient = std::max(m.transient, step - m.activations);
     m.total = m.weights + m.grads + m.optimizer + m.activations + m.transient;
     return m;

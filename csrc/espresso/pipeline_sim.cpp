@@ -80,8 +80,9 @@ Schedule schedule_as_run(Schedule schedule, std::int64_t num_stages,
 }
 
 std::int64_t in_flight(Schedule schedule, std::int64_t stage, std::int64_t num_stages,
-                       std::int64_t num_microbatches) {
-    if (schedule_as_run(schedule, num_stages, num_microbatches) == Schedule::GPipe) {
+                       std::int64_t num_microbatches, bool short_as_gpipe) {
+    if ((short_as_gpipe ? schedule_as_run(schedule, num_stages, num_microbatches) : schedule) ==
+        Schedule::GPipe) {
         return num_microbatches;
     }
     return std::min(num_stages - stage, num_microbatches);

@@ -107,8 +107,10 @@ double closed_form_s(const std::vector<double>& fwd_s, const std::vector<double>
 // micro-batch the two are the same.
 Schedule schedule_as_run(Schedule schedule, std::int64_t num_stages, std::int64_t num_microbatches);
 
-// Micro-batches whose activations stage `stage` of `num_stages` holds at its peak.
+// Micro-batches whose activations stage `stage` of `num_stages` holds at its peak: as run
+// (`short_as_gpipe`: a short 1F1B as GPipe, schedule_as_run), or as 1F1B itself holds them
+// (Megatron-LM and DeepSpeed run it: min(P - i, M)).
 std::int64_t in_flight(Schedule schedule, std::int64_t stage, std::int64_t num_stages,
-                       std::int64_t num_microbatches);
+                       std::int64_t num_microbatches, bool short_as_gpipe = true);
 
 }  // namespace espresso

@@ -22,6 +22,7 @@ from typing import Any
 
 from .. import _validate as v
 from ..catalog import Catalog
+from ..engines import refusal
 from ..errors import PlanError, SpecError
 from ..plan import Plan, Stage
 
@@ -63,10 +64,16 @@ def check_runnable(plan: Plan, num_blocks: int | None = None,
                    batch_size: int | None = None) -> None:
     """Refuse, with PlanError, a plan that ``espresso.torch`` cannot run: stages that do not
     tile the model's blocks (``num_blocks``: the model given, when known), a TP width that does
-    not divide the heads, KV heads or MLP width, or micro-batching that does not make up the
-    global batch (``batch_size``: one replica's batch, when known)."""
+    not divide the heads, KV heads or MLP width, micro-batching that does not make up the
+    global batch (``batch_size``: one replica's batch, when known), or what the espresso
+    engine does not run (``espresso.engines.refusal``: per-op selective recomputation)."""
     if not isinstance(plan, Plan):
         msg = f"expected a Plan, got {type(plan).__name__}"
+        raise PlanError(msg)
+    why = refusal(plan, "espresso")
+    if why is not None:
+        msg = (f"espresso's runner cannot run this plan ({why}); plan it with --engine espresso "
+               "or run it on the engine it was planned for (espresso export)")
         raise PlanError(msg)
     model = plan.job.model
     blocks = model.num_layers if num_blocks is None else num_blocks

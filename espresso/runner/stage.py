@@ -52,7 +52,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._optional import require
-from ..engines import refusal
 from ..errors import PlanError
 from ..plan import Plan
 from .launch import RankInfo, check_runnable, rank_layout
@@ -86,11 +85,6 @@ def check_plan(plan: Plan, num_blocks: int, batch_size: int | None = None, *,
                tp_plan: TPPlan | None = None) -> None:
     """Refuse a plan that does not match the model (or the runner) with a clear message."""
     check_runnable(plan, num_blocks, batch_size)
-    why = refusal(plan, "espresso")
-    if why is not None:
-        msg = (f"espresso's runner cannot run this plan ({why}); plan it with --engine espresso "
-               "or run it on the engine it was planned for (espresso export)")
-        raise PlanError(msg)
     for i, st in enumerate(plan.stages):
         if plan.sequence_parallel and st.tp > 1 and plan.job.seq_len % st.tp:
             msg = (f"stage {i} has tp {st.tp} and the plan has sequence_parallel, which splits "
