@@ -80,6 +80,8 @@ class CostParams:
     loss_bytes_per_logit: float
     stash_stage_io: bool
     clone_stage_input: bool
+    persistent_recv_buffers: bool
+    recv_buffers_per_microbatch: bool
     short_1f1b_as_gpipe: bool
     optimizer_transient_bytes_per_param: float
     unfused_fp32_copies: bool
@@ -144,6 +146,7 @@ class StageEstimate:
     optimizer_bytes: float
     activation_bytes: float
     transient_bytes: float
+    recv_buffer_bytes: float
     memory_bytes: float
     capacity_bytes: float
     in_flight: int

@@ -71,6 +71,17 @@ class CostParams:
     """With ``stash_stage_io``: the engine runs each stage on a copy of the input it received
     (DeepSpeed's pipeline engine, ``_exec_forward_pass``), so the received buffer is kept
     besides the first block's checkpointed input under recomputation too."""
+    persistent_recv_buffers: bool = False
+    """The engine allocates its pipeline receive buffers once and keeps them for the run,
+    through the optimizer step: one for the activation (every stage but the first) and one for
+    the gradient (every stage but the last), as DeepSpeed's pipeline engine does
+    (``pipe_recv_buf``, ``grad_layer``); off: each received tensor is allocated per message
+    and freed with its micro-batch (Megatron-LM)."""
+    recv_buffers_per_microbatch: bool = False
+    """With ``persistent_recv_buffers``: one buffer per micro-batch and direction, as
+    ``torch.distributed.pipelining``'s ``PipelineStage`` allocates them before the first step
+    (``_setup_forward_recv_info``, ``_create_grad_recv_info``); the stage runs on the buffer
+    itself, so a kept input is counted there (the torch-native profile)."""
     optimizer_transient_bytes_per_param: float = 0.0
     """Bytes per parameter the optimizer step allocates for its intermediates, on the share
     of the parameters a GPU updates; the step runs after the last backward, so they count

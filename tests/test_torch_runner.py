@@ -138,6 +138,9 @@ def worker(rank: int, plan_json: str, port: int) -> None:
     hook = blocks[a0].register_forward_pre_hook(lambda _m, args: tokens.append(args[0].shape[1]))
     losses = rt.step(xs, ys)
     hook.remove()
+    # No stage keeps its outputs past the step (torch's last stage would hold every
+    # micro-batch's logits through the optimizer step unless told not to return them).
+    assert all(not st.output_chunks for st in rt.stages)
     assert tokens and set(tokens) == {SEQ // tp if plan.sequence_parallel else SEQ}
     assert (losses is not None) == rt.reports_loss
     if rt.reports_loss:

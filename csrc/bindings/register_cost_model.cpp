@@ -87,6 +87,8 @@ void register_cost_model(py::module_& m) {
         .def_readwrite("loss_bytes_per_logit", &CostParams::loss_bytes_per_logit)
         .def_readwrite("stash_stage_io", &CostParams::stash_stage_io)
         .def_readwrite("clone_stage_input", &CostParams::clone_stage_input)
+        .def_readwrite("persistent_recv_buffers", &CostParams::persistent_recv_buffers)
+        .def_readwrite("recv_buffers_per_microbatch", &CostParams::recv_buffers_per_microbatch)
         .def_readwrite("short_1f1b_as_gpipe", &CostParams::short_1f1b_as_gpipe)
         .def_readwrite("unfused_fp32_copies", &CostParams::unfused_fp32_copies)
         .def_readwrite("optimizer_transient_bytes_per_param",
@@ -148,6 +150,7 @@ void register_cost_model(py::module_& m) {
         .def_readonly("optimizer_bytes", &StageEstimate::optimizer_bytes)
         .def_readonly("activation_bytes", &StageEstimate::activation_bytes)
         .def_readonly("transient_bytes", &StageEstimate::transient_bytes)
+        .def_readonly("recv_buffer_bytes", &StageEstimate::recv_buffer_bytes)
         .def_readonly("memory_bytes", &StageEstimate::memory_bytes)
         .def_readonly("capacity_bytes", &StageEstimate::capacity_bytes)
         .def_readonly("in_flight", &StageEstimate::in_flight)

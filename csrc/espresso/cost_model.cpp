@@ -334,6 +334,8 @@ BlockStash block_stash(const ModelDims& model, const GpuSpec& g, const CostParam
     // blocks on CPU, tests/test_memory_terms.py.
     out.backward = 2.0 * hidden + (2.0 * sb * f + sb * (h + 2.0 * kv_dim(model))) * act / t;
     out.output = params.stash_stage_io ? hidden : 0.0;
+    out.hidden = hidden;
+    out.input_in_buffer = params.persistent_recv_buffers && params.recv_buffers_per_microbatch;
     return out;
 }
 
@@ -372,12 +374,28 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     // keeps for its backward.
     // An engine that runs the stage on a copy of the received input (DeepSpeed's pipeline
     // engine) holds both.
-    const bool input_kept = !params.clone_stage_input &&
-                            (work.recompute == Recompute::Full ||
-                             work.recompute == Recompute::SelectiveOp);
+    // An engine whose receive buffers are one per micro-batch (torch's PipelineStage) runs
+    // the stage on the buffer itself: the input is counted with the buffers, also where it
+    // is the first block's checkpointed input.
+    const bool checkpointed_input = !params.clone_stage_input &&
+                                    (work.recompute == Recompute::Full ||
+                                     work.recompute == Recompute::SelectiveOp);
+    const bool input_kept = checkpointed_input || st.input_in_buffer;
     const double io = (first || input_kept ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
+    const double in_buffer = !first && num_layers > 0 && checkpointed_input && st.input_in_buffer
+                                 ? std::min(st.hidden, st.kept)
+                                 : 0.0;
     const double ids = first ? d(s) * d(b) * 8.0 : 0.0;
-    e.activation_bytes = d(e.in_flight) * (L * st.kept + io * st.output + ids);
+    // Receive buffers allocated once and kept for the run, through the optimizer step: one
+    // for the activation (all but the first stage) and one for the gradient (all but the
+    // last) in DeepSpeed's pipeline engine (pipe_recv_buf, grad_layer); one per micro-batch
+    // and direction in torch.distributed.pipelining's PipelineStage (_setup_forward_recv_info,
+    // _create_grad_recv_info). Megatron-LM allocates each received tensor per message.
+    const double directions = (first ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
+    const double buffers = params.recv_buffers_per_microbatch ? d(work.num_microbatches) : 1.0;
+    e.recv_buffer_bytes = params.persistent_recv_buffers ? directions * buffers * st.hidden : 0.0;
+    e.activation_bytes =
+        d(e.in_flight) * (L * st.kept + io * st.output + ids - in_buffer) + e.recv_buffer_bytes;
     // One thing works at a time in the backward: the loss over the logits (last stage), then
     // each block, rebuilt under recomputation, with its gradients.
     // The loss's working set: the logits' bytes at its peak, and the inputs the final norm
@@ -401,7 +419,8 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     // intermediates (PyTorch's foreach Adam: about the parameters' size) count where they
     // exceed them.
     e.step_bytes = per_gpu * params.optimizer_transient_bytes_per_param / sh.optimizer;
-    e.transient_bytes = std::max(e.transient_bytes, e.step_bytes - e.activation_bytes);
+    e.transient_bytes =
+        std::max(e.transient_bytes, e.step_bytes - (e.activation_bytes - e.recv_buffer_bytes));
     e.memory_bytes = e.weights_bytes + e.grads_bytes + e.optimizer_bytes + e.activation_bytes +
                      e.transient_bytes;
     e.capacity_bytes = usable_bytes(g, params);
@@ -614,6 +633,7 @@ DeviceMemory device_memory(const std::vector<StageEstimate>& chunks, const Block
     DeviceMemory m;
     std::int64_t smallest = 0;  // the fewest blocks of a chunk that has any
     double step = 0;            // one optimizer step updates every chunk's parameters
+    double buffers = 0;         // every chunk's receive buffers, kept through the step
     for (const StageEstimate& e : chunks) {
         m.weights += e.weights_bytes;
         m.grads += e.grads_bytes;
@@ -623,14 +643,17 @@ DeviceMemory device_memory(const std::vector<StageEstimate>& chunks, const Block
         m.optimizer_step_s += e.optimizer_step_s;
         if (e.num_layers > 0 && (smallest == 0 || e.num_layers < smallest)) smallest = e.num_layers;
         step += e.step_bytes;
+        buffers += e.recv_buffer_bytes;
     }
     m.peak_blocks = peak_blocks;
     // Each (chunk, micro-batch) in flight holds at least the smallest chunk's blocks, so at
     // most ceil(peak_blocks / smallest) stage inputs and outputs are kept with them.
     const double outputs = smallest > 0 ? d((peak_blocks + smallest - 1) / smallest) : 0.0;
-    m.activations = d(peak_blocks) * stash.kept + 2.0 * outputs * stash.output;
-    // The step runs after the activations are freed.
-    m.transient = std::max(m.transient, step - m.activations);
+    // (An input kept in its receive buffer is counted twice: an upper bound, which also
+    // covers the first stage's token ids.)
+    m.activations = d(peak_blocks) * stash.kept + 2.0 * outputs * stash.output + buffers;
+    // The step runs after the activations are freed (the receive buffers stay).
+    m.transient = std::max(m.transient, step - (m.activations - buffers));
     m.total = m.weights + m.grads + m.optimizer + m.activations + m.transient;
     return m;
 }

@@ -87,6 +87,8 @@ struct CostParams {
     double loss_bytes_per_logit = 6.0;        // held per logit at the loss's peak (memory)
     bool stash_stage_io = false;              // in-flight micro-batches' stage input, output kept
     bool clone_stage_input = false;           // the engine runs a stage on a copy of its input
+    bool persistent_recv_buffers = false;     // receive buffers stay allocated (DeepSpeed, torch)
+    bool recv_buffers_per_microbatch = false; // one per micro-batch and direction (torch)
     bool short_1f1b_as_gpipe = true;          // 1F1B with fewer micro-batches than stages: GPipe
     double optimizer_transient_bytes_per_param = 0.0;  // the optimizer step's intermediates
     bool unfused_fp32_copies = false;         // norms and rotary keep fp32 copies (HF-style)
@@ -170,6 +172,7 @@ struct StageEstimate {
                                   // excess over the activations (it runs once they are freed)
     double memory_bytes = 0;      // sum of the above
     double step_bytes = 0;        // the optimizer step's intermediates per GPU
+    double recv_buffer_bytes = 0; // receive buffers kept for the run (in activation_bytes)
     double capacity_bytes = 0;    // usable after head-room
     std::int64_t in_flight = 0;   // micro-batches whose activations are held
     double send_s = 0;            // activation transfer to the next stage (0 for last)
@@ -320,6 +323,8 @@ struct BlockStash {
     double kept = 0, rebuilt = 0;
     double backward = 0;  // gradients a block's backward holds at once (incoming, MLP interior)
     double output = 0;    // a stage input or output per micro-batch, if the engine keeps them
+    double hidden = 0;    // one boundary tensor (a stage's input or output) on one GPU
+    bool input_in_buffer = false;  // a kept stage input is its receive buffer (counted there)
 };
 BlockStash block_stash(const ModelDims& model, const GpuSpec& g, const CostParams& params,
                        const Workload& work, std::int64_t tp);

@@ -101,6 +101,8 @@ int main(int argc, char** argv) {
         p.p2p_scatter_gather = rng() % 2;
         p.stash_stage_io = rng() % 2;
         p.clone_stage_input = rng() % 2;
+        p.persistent_recv_buffers = rng() % 2;
+        p.recv_buffers_per_microbatch = rng() % 2;
         p.short_1f1b_as_gpipe = rng() % 2;
         p.unfused_fp32_copies = rng() % 2;
         if (rng() % 2) p.optimizer_transient_bytes_per_param = hostile ? any_double() : 4.0;

@@ -315,6 +315,10 @@ class StageRuntime:
             if self.is_last:
                 losses = []
                 kw = {"target": targets, "losses": losses}
+            if _step_returns_outputs(self.schedule):
+                # Otherwise the last stage keeps every micro-batch's logits (its
+                # ``output_chunks``) through the optimizer step and concatenates them.
+                kw["return_outputs"] = False
             if self.is_first:
                 self.schedule.step(inputs, **kw)
             else:
@@ -327,6 +331,16 @@ class StageRuntime:
             _average_grads(list(self.module.parameters()), self.dp_group,
                            dist.get_world_size(self.dp_group))
         return losses if self.reports_loss else None
+
+
+def _step_returns_outputs(schedule: Any) -> bool:
+    """Whether the schedule's ``step`` takes ``return_outputs`` (torch >= 2.6)."""
+    import inspect
+
+    try:
+        return "return_outputs" in inspect.signature(schedule.step).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def setup(plan: Plan, *, embedding: _nn.Module,
