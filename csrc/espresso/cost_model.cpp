@@ -37,12 +37,18 @@ void check_int(const std::string& field, std::int64_t v, std::int64_t lo, std::i
     }
 }
 
-void check_pos(const std::string& field, double v) {
-    if (!std::isfinite(v) || v <= 0) bad(field, v, "a finite number > 0");
-}
-
 void check_nonneg(const std::string& field, double v) {
     if (!std::isfinite(v) || v < 0) bad(field, v, "a finite number >= 0");
+}
+
+// Bytes per element (weight, gradient, activation, logit, parameter): no number format or
+// optimizer holds more than a few dozen; the bound keeps every memory term finite.
+constexpr double kMaxBytesPerElement = 1024.0;
+
+void check_bytes(const std::string& field, double v, bool allow_zero) {
+    if (!std::isfinite(v) || v > kMaxBytesPerElement || v < 0 || (!allow_zero && v == 0)) {
+        bad(field, v, allow_zero ? "in [0, 1024] bytes" : "in (0, 1024] bytes");
+    }
 }
 
 // Rates and fractions have floors so that no time can overflow to infinity: with the
@@ -230,13 +236,13 @@ void validate(const CostParams& p) {
     check_fraction("cost_model.efficiency", p.efficiency, false);
     check_fraction("cost_model.attention_efficiency", p.attention_efficiency, false);
     check_fraction("cost_model.sustained_fraction", p.sustained_fraction, false);
-    check_pos("cost_model.bytes_per_weight", p.bytes_per_weight);
-    check_pos("cost_model.bytes_per_grad", p.bytes_per_grad);
-    check_pos("cost_model.bytes_per_activation", p.bytes_per_activation);
-    check_nonneg("cost_model.bytes_per_logit", p.bytes_per_logit);
-    check_nonneg("cost_model.loss_bytes_per_logit", p.loss_bytes_per_logit);
-    check_nonneg("cost_model.optimizer_transient_bytes_per_param",
-                 p.optimizer_transient_bytes_per_param);
+    check_bytes("cost_model.bytes_per_weight", p.bytes_per_weight, false);
+    check_bytes("cost_model.bytes_per_grad", p.bytes_per_grad, false);
+    check_bytes("cost_model.bytes_per_activation", p.bytes_per_activation, false);
+    check_bytes("cost_model.bytes_per_logit", p.bytes_per_logit, true);
+    check_bytes("cost_model.loss_bytes_per_logit", p.loss_bytes_per_logit, true);
+    check_bytes("cost_model.optimizer_transient_bytes_per_param",
+                p.optimizer_transient_bytes_per_param, true);
     check_nonneg("cost_model.reserved_gb", p.reserved_gb);
     if (!std::isfinite(p.memory_reserve_fraction) || p.memory_reserve_fraction < 0 ||
         p.memory_reserve_fraction >= 1) {
@@ -244,7 +250,7 @@ void validate(const CostParams& p) {
     }
     check_fraction("cost_model.link_efficiency", p.link_efficiency, false);
     check_nonneg("cost_model.link_latency_s", p.link_latency_s);
-    check_nonneg("cost_model.optimizer_step_bytes_per_param", p.optimizer_step_bytes_per_param);
+    check_bytes("cost_model.optimizer_step_bytes_per_param", p.optimizer_step_bytes_per_param, true);
     check_fraction("cost_model.memory_bandwidth_efficiency", p.memory_bandwidth_efficiency, false);
     if (!std::isfinite(p.checkpoint_gbs) || p.checkpoint_gbs < 0 || p.checkpoint_gbs > 1e9) {
         bad("cost_model.checkpoint_gbs", p.checkpoint_gbs, "in [0, 1e9] GB/s (0: checkpoints are free)");
@@ -277,7 +283,7 @@ void validate(const Workload& w) {
     if (w.virtual_stages > 1 && w.schedule != Schedule::OneFOneB) {
         bad("virtual_stages", d(w.virtual_stages), "1 unless the schedule is 1f1b (interleaved 1F1B)");
     }
-    check_nonneg("optimizer bytes per parameter", w.optimizer_bytes_per_param);
+    check_bytes("optimizer_state_bytes", w.optimizer_bytes_per_param, true);
     if (!std::isfinite(w.iterations) || w.iterations < 0 || w.iterations > 1e19) {
         bad("iterations", w.iterations, "in [0, 1e19]");
     }
