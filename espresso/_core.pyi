@@ -320,6 +320,7 @@ class SearchOptions:
     time_limit_s: float
     max_gpu_types: int
     incumbent: float
+    gap: float
     shared: SharedIncumbent | None
     share_plans: bool
     monitor: SearchMonitor | None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import _validate as v
@@ -69,6 +70,13 @@ class SearchProgress:
         self._phase = ""
         self._objective = "cost"
         self._cancelled = False
+        self._whole: Callable[[], tuple[float, float]] | None = None
+
+    def _attach(self, whole: Callable[[], tuple[float, float]] | None) -> None:
+        """The running search's (best, lower bound) over all its subproblems (the
+        scheduler's), shown instead of the one subproblem's monitor; None detaches it."""
+        with self._lock:
+            self._whole = whole
 
     def _start(self, phase: str, objective: str) -> Any:
         """A fresh native monitor for the next search (called by the search)."""
@@ -96,11 +104,11 @@ class SearchProgress:
         ``lower_bound``, ``gap`` (``None`` without a plan) and ``nodes``."""
         with self._lock:
             mon, phase, objective = self._monitor, self._phase, self._objective
+            whole = self._whole
         if mon is None:
             return {"phase": phase, "objective": objective, "best": None, "lower_bound": None,
                     "gap": None, "nodes": 0}
-        best = mon.best
-        lb = mon.lower_bound
+        best, lb = whole() if whole is not None else (mon.best, mon.lower_bound)
         has_best = math.isfinite(best)
         gap = (max(0.0, (best - lb) / best) if has_best and best > 0 else None)
         return {"phase": phase, "objective": objective, "best": best if has_best else None,

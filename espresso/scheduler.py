@@ -97,6 +97,9 @@ class Scheduler:
     """The core's ``SharedIncumbent`` of side-by-side searches (``top_k = 1``), or None."""
     on_error: Callable[[], None] | None = None
     """Called in a worker that raised, to stop the other workers (the monitor's cancel)."""
+    gap: float = 0.0
+    """Relative gap: tasks whose bound is within it of the best plan are cut too, and what is
+    proven is that much less than the best plan."""
     _found: list[tuple[tuple[Any, ...], Any, int]] = field(default_factory=list)
     _counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     _peak: int = 0
@@ -104,6 +107,9 @@ class Scheduler:
     _threads_used: int = 0
     _retry: list[tuple[float, int]] = field(default_factory=list)
     _out_of_time: bool = False
+    _pending: dict[int, float] = field(default_factory=dict)
+    """Bounds of the tasks not settled yet (queued, running or to be retried)."""
+    _unprepared: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # ------------------------------------------------------------------ the whole
@@ -112,14 +118,21 @@ class Scheduler:
         tasks were being prepared, so the rest of the catalog has no bound but 0."""
         live = [n for n, t in enumerate(self.tasks) if math.isfinite(t.bound)]
         self._counters["pruned_deadline"] += len(self.tasks) - len(live)
+        with self._lock:
+            self._pending = {n: self.tasks[n].bound for n in live}
+            self._unprepared = unprepared
         self._first_pass(live)
         self._second_pass()
-        open_bounds = ([lb for lb, _ in self._retry if lb <= self._kth() * (1 + _EPS)]
+        open_bounds = ([lb for lb, _ in self._retry
+                        if lb <= self._kth() * (1 - self.gap) * (1 + _EPS)]
                        + [0.0] * unprepared)
         complete = not open_bounds
         best = self._found[0][0][0] if self._found else math.inf
         lower = best if complete else min(best, min(open_bounds, default=math.inf))
-        gap = 0.0 if complete and self._found else (
+        if self.gap > 0 and self._found:
+            lower = min(lower, best * (1 - self.gap))
+            complete = complete or lower >= best * (1 - self.gap) * (1 - _EPS)
+        gap = 0.0 if complete and self._found and lower >= best else (
             (best - lower) / best if self._found and best > 0 else math.inf)
         return Outcome(found=self._found, counters=self._counters, frontier_peak=self._peak,
                        searched=len(self._searched), threads=self._threads_used or self.threads,
@@ -187,13 +200,25 @@ class Scheduler:
     def _second_pass(self) -> None:
         self._retry.sort()
         for lb, n in self._retry[:]:
-            if self._out_of_time or lb > self._kth() * (1 + _EPS):
+            if self._out_of_time or lb > self._kth() * (1 - self.gap) * (1 + _EPS):
                 continue
             if self.stopped():
                 self._out_of_time = True
                 continue
             self._retry.remove((lb, n))
             self._run(n, self.budget.share(1.0), self.threads)
+
+    def live(self) -> tuple[float, float]:
+        """(best objective so far, lower bound of the whole): what the final outcome would
+        say if the search stopped now, for the progress shown while it runs."""
+        with self._lock:
+            best = self._found[0][0][0] if self._found else math.inf
+            if self.shared is not None:
+                best = min(best, self.shared.value)
+            lower = min(self._pending.values(), default=math.inf)
+            if self._unprepared:
+                lower = 0.0
+        return best, min(best, lower)
 
     # ------------------------------------------------------------------ one task
     def _kth(self) -> float:
@@ -203,9 +228,10 @@ class Scheduler:
 
     def _cut(self, n: int) -> bool:
         with self._lock:
-            cut = self.tasks[n].bound > self._kth() * (1 + _EPS)
+            cut = self.tasks[n].bound > self._kth() * (1 - self.gap) * (1 + _EPS)
             if cut:
                 self._counters["pruned_cost"] += 1
+                self._pending.pop(n, None)
         return cut
 
     def _share(self, workers: int, remaining: int, lead: bool) -> float | None:
@@ -235,7 +261,13 @@ class Scheduler:
             self._found.sort(key=lambda t: t[0])
             del self._found[self.top_k:]
             if not st.complete:
-                self._retry.append((st.lower_bound, n))
+                # Both bound the subproblem: a search cut short before its own bounds rose
+                # above the task's (or before it began) must not lower what is proven.
+                lb = max(st.lower_bound, self.tasks[n].bound)
+                self._retry.append((lb, n))
+                self._pending[n] = lb
+            else:
+                self._pending.pop(n, None)
 
 
 def shared_incumbent(top_k: int) -> Any:

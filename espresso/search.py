@@ -157,8 +157,9 @@ def _options(*, objective: str, budget_usd: float | None, time_limit_s: float | 
              enforce_deadline: bool, prune: dict[str, bool] | None,
              max_gpu_types: int | None = None, sharding: Iterable[str] = ("none",),
              virtual_stages: Iterable[int] = (1,), min_tp: int = 1,
-             even_split: bool = False, middle_equal: bool = False) -> Any:
+             even_split: bool = False, middle_equal: bool = False, gap: float = 0.0) -> Any:
     o = core.SearchOptions()
+    o.gap = v.number("gap", gap, minimum=0.0, maximum=0.99)
     objective = v.choice("objective", objective, ("cost", "time"))
     o.objective = core.Objective.COST if objective == "cost" else core.Objective.TIME
     if budget_usd is not None:
@@ -286,11 +287,14 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
            phase: str = "searching", scope: str = "region",
            virtual_stages: Sequence[int] = (1,),
            interleave_after: Sequence[int] = DEFAULT_VIRTUAL_STAGES, min_tp: int = 1,
-           even_split: bool = False, engine: str = "espresso") -> SearchResult:
+           even_split: bool = False, engine: str = "espresso",
+           gap: float = 0.0) -> SearchResult:
     """Run the search and return up to ``top_k`` plans with the statistics.
 
     ``time_limit_s`` is a wall-clock limit (default 60 s; ``None``: none): the search then
-    returns the best plans found so far with ``stats.gap``. ``max_gpu_types`` limits the
+    returns the best plans found so far with ``stats.gap``. ``gap`` (default 0: exact) stops
+    it once the best plan is proven within that relative gap, as MIP solvers' relative gap:
+    whatever could improve on the plan by less is cut, and ``stats.gap`` reports it. ``max_gpu_types`` limits the
     distinct GPU types (catalog rows) of a plan (1: single-type plans). ``progress`` (a
     :class:`SearchProgress`) is updated while the search runs and can cancel it.
 
@@ -343,7 +347,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
             cost_model=cost_model, enforce_deadline=enforce_deadline, prune=prune,
             profiles=profiles, max_gpu_types=max_gpu_types, progress=progress, phase=phase,
             scope=scope, virtual_stages=virtual_stages, interleave_after=interleave_after,
-            min_tp=min_tp, even_split=even_split, engine=engine, started=started)
+            min_tp=min_tp, even_split=even_split, engine=engine, started=started, gap=gap)
     recompute = tuple(v.choice("recompute[]", r, RECOMPUTE) for r in recompute)
     space = eng.restrict(sharding=sharding, schedule=schedule, virtual_stages=virtual_stages,
                          recompute=recompute)
@@ -361,7 +365,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         recompute=recompute, schedule=schedule, enforce_deadline=enforce_deadline,
         prune=prune, max_gpu_types=max_gpu_types, sharding=sharding,
         virtual_stages=virtual_stages, min_tp=min_tp, even_split=even_split,
-        middle_equal=middle_equal)
+        middle_equal=middle_equal, gap=gap)
     chunks = _interleave_chunks(interleave_after)
     opts = options(time_limit_s=time_limit_s, threads=threads)
     sequence_parallel = _sequence_parallel(sequence_parallel, job, opts.max_tp)
@@ -408,10 +412,16 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                                                   sp.spans) == 1)]
         return Solved(stats=res.stats, plans=kept)
 
-    outcome = Scheduler(tasks=tasks, solve=solve, top_k=top_k, threads=opts.threads,
-                        budget=budget, stopped=stopped, shared=shared,
-                        on_error=opts.monitor.cancel if opts.monitor is not None else None,
-                        ).run(unprepared=unprepared)
+    scheduler = Scheduler(tasks=tasks, solve=solve, top_k=top_k, threads=opts.threads,
+                          budget=budget, stopped=stopped, shared=shared, gap=opts.gap,
+                          on_error=opts.monitor.cancel if opts.monitor is not None else None)
+    if progress is not None:  # the live gap is the whole search's, as the final one
+        progress._attach(scheduler.live)
+    try:
+        outcome = scheduler.run(unprepared=unprepared)
+    finally:
+        if progress is not None:
+            progress._attach(None)
 
     # 3. What the search proved, and its best plans as Plans.
     stats = _search_stats(outcome, objective=objective, subproblems=total,
@@ -433,7 +443,15 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                             accept=lambda q: refusal(q, eng) is None)
                  for p in plans]
         plans.sort(key=lambda p: rank_key(p.estimate, objective))
-        plans = [replace(p, stats={**(p.stats or {}), "rank": i + 1}) for i, p in enumerate(plans)]
+        if plans and stats.gap > 0 and math.isfinite(stats.lower_bound):
+            # The gap of the plan returned: interleaving may have made it cheaper.
+            est = plans[0].estimate
+            assert est is not None
+            best = est.total_usd if objective == "cost" else est.total_hours
+            if best > 0:
+                stats = replace(stats, gap=max(0.0, (best - stats.lower_bound) / best))
+        plans = [replace(p, stats={**(p.stats or {}), "gap": stats.gap, "rank": i + 1})
+                 for i, p in enumerate(plans)]
     return SearchResult(plans=plans, stats=stats)
 
 

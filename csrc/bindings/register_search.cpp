@@ -72,6 +72,7 @@ void register_search(py::module_& m) {
         .def_readwrite("time_limit_s", &SearchOptions::time_limit_s)
         .def_readwrite("max_gpu_types", &SearchOptions::max_gpu_types)
         .def_readwrite("incumbent", &SearchOptions::incumbent)
+        .def_readwrite("gap", &SearchOptions::gap)
         .def_readwrite("shared", &SearchOptions::shared)
         .def_readwrite("share_plans", &SearchOptions::share_plans)
         .def_readwrite("monitor", &SearchOptions::monitor)

@@ -132,7 +132,7 @@ private:
     }
 
     bool beyond(double lb, double thr) const {
-        return opt_.prune_cost && lb > thr * (1 + kSlack);
+        return opt_.prune_cost && lb > thr * (1 - opt_.gap) * (1 + kSlack);
     }
 
     bool out_of_time() const {

@@ -82,6 +82,7 @@ void check_options(const SearchOptions& o) {
     if (!(o.budget_usd > 0)) throw std::invalid_argument("budget_usd must be > 0");
     if (o.max_frontier < 1) throw std::invalid_argument("max_frontier must be >= 1");
     if (std::isnan(o.incumbent)) throw std::invalid_argument("incumbent must be a number");
+    if (!(o.gap >= 0 && o.gap < 1)) throw std::invalid_argument("gap must be in [0, 1)");
     if (o.max_gpu_types < 1) throw std::invalid_argument("max_gpu_types must be >= 1");
     if (o.placer.node_limit < 1 || o.placer.memo_limit < 0) {
         throw std::invalid_argument("placer limits must be positive");
@@ -224,6 +225,8 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
     st.complete = complete;
     const double best = out.plans.empty() ? kInf : out.plans.front().objective;
     st.lower_bound = complete ? best : std::min(best, lower);
+    // Nodes within the gap of an incumbent were cut: what is proven is that much less.
+    if (options.gap > 0) st.lower_bound = std::min(st.lower_bound, best * (1 - options.gap));
     out.stats = st;
     return out;
 }

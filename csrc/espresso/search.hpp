@@ -64,6 +64,9 @@ struct SearchOptions {
     // Plans worse than this (objective units) are of no interest: the caller holds top_k
     // plans at least this good (e.g. from another domain). Prunes from the first node.
     double incumbent = std::numeric_limits<double>::infinity();
+    // Relative gap at which the search stops (as MIP solvers'): nodes whose bound is within
+    // this fraction of the incumbent are cut, so the best plan is proven within it. 0: exact.
+    double gap = 0.0;
     // Shared with other searches (top_k = 1): read as an incumbent, lowered by this one's plans.
     std::shared_ptr<SharedIncumbent> shared;
     bool share_plans = true;  // false: read `shared` only (its plans are not the caller's)

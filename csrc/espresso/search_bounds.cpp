@@ -77,13 +77,16 @@ std::vector<Bounds::Group> Bounds::groups_of(const Node& n, const Combo& c) cons
 // least one block and together they take all L, each at most min(tau / t_i, its memory
 // limit) blocks, t_i = block_time (the head and transfers only add).
 double Bounds::bottleneck_bound(const Node& n, const Combo& c) const {
-    const std::vector<Group> gs = groups_of(n, c);
+    return least_tau(groups_of(n, c));
+}
+
+double Bounds::least_tau(const std::vector<Group>& gs) const {
     const std::int64_t L = model_.num_layers;
     auto feasible = [&](double tau) {
         std::int64_t total = 0;
         for (const Group& g : gs) {
             const auto fit = std::min<std::int64_t>(
-                g.cap, static_cast<std::int64_t>(std::floor(tau / g.t * (1 + 1e-12))));
+                g.cap, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / g.t * (1 + 1e-12)))));
             if (fit < 1) return false;
             total += fit * g.count;
         }
@@ -103,6 +106,112 @@ double Bounds::bottleneck_bound(const Node& n, const Combo& c) const {
         best = std::min(best, d(lo) * g.t);
     }
     return best * (1 - 1e-12);
+}
+
+// Iteration seconds per block of a stage of `tp` GPUs of `type` (block time `block_s`):
+// the iteration is the pipeline, the slowest DP synchronisation and the slowest optimizer
+// step, and the pipeline is at least M times each stage's busy time (n blocks of at least
+// block_s each). A stage of n blocks holds n/tp blocks' parameters per GPU, so its DP
+// traffic is n k / (tp link) (k_ar exposed after the pipeline; with overlap_grad_reduce,
+// k_all exposed but for the last backward, which is at most one micro-batch's busy time)
+// and its optimizer step n k_opt / (tp memory GB/s). So T >= n unit_time for every stage:
+// unlike sync_bound() this sees which stage holds the blocks (a slow-linked stage that
+// memory forces to hold most of the model).
+double Bounds::unit_time(const Combo& c, std::int64_t type, std::int64_t tp, double block_s) const {
+    const GpuSpec& g = gpus_[static_cast<std::size_t>(type)];
+    const double M = d(c.work.num_microbatches);
+    const double bw = stage_bw(c, type, tp);
+    const double hbm = d(tp) * g.mem_bandwidth_gbs;
+    const double ar = bw > 0 ? c.k_ar / bw : 0.0;
+    const double all = bw > 0 ? c.k_all / bw : 0.0;
+    double u = std::max(M * block_s + ar, (c.hidden ? M - 1 : M) * block_s + all);
+    if (hbm > 0) u += c.k_opt / hbm;
+    return std::isfinite(u) ? u : 0.0;
+}
+
+// The node's stages: T >= n_i unit_i for each, the n_i (at most the stage's memory limit)
+// summing to L: the least such T (kInf: the blocks do not fit).
+double Bounds::unit_bound(const Node& n, const Combo& c) const {
+    std::vector<Group> gs = groups_of(n, c);
+    for (std::size_t j = 0; j < gs.size(); ++j) {
+        const Choice& ch = n.choices[j];
+        const auto st = static_cast<std::size_t>(ch.type);
+        const auto& ws = widths_[st];
+        const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
+        gs[j].t = c.unit_s[st][wi];
+        if (!(gs[j].t > 0)) return 0.0;
+    }
+    return least_tau(gs);
+}
+
+// The same over completions of the node that add 1 to `room` stages of the types at order
+// positions >= n.next (each type at most its per-replica GPUs many stages, each taking what
+// its best width allows): the least T at which the node's stages and the best added ones
+// hold all L blocks. 0 when it cannot tell.
+double Bounds::ext_unit_bound(const Node& n, const Combo& c, std::int64_t room) const {
+    const std::int64_t L = model_.num_layers;
+    std::vector<Group> own = groups_of(n, c);
+    double hi = 0;
+    for (std::size_t j = 0; j < own.size(); ++j) {
+        const Choice& ch = n.choices[j];
+        const auto st = static_cast<std::size_t>(ch.type);
+        const auto& ws = widths_[st];
+        const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
+        own[j].t = c.unit_s[st][wi];
+        if (!(own[j].t > 0)) return 0.0;
+        hi = std::max(hi, own[j].t);
+    }
+    std::vector<const Combo::Option*> ext;
+    for (std::size_t p = static_cast<std::size_t>(n.next); p < order_.size(); ++p) {
+        const Combo::Option& o = c.options[static_cast<std::size_t>(order_[p])];
+        if (o.widths.empty()) continue;
+        for (const double u : o.unit) {
+            if (!(u > 0)) return 0.0;
+            hi = std::max(hi, u);
+        }
+        ext.push_back(&o);
+    }
+    if (ext.empty() || room < 1) return kInf;
+    std::vector<std::pair<std::int64_t, std::int64_t>> vals;
+    auto fits = [](double T, double u, std::int64_t cap) -> std::int64_t {
+        return std::min<std::int64_t>(
+            cap, static_cast<std::int64_t>(std::min(1e18, std::floor(T / u * (1 + 1e-12)))));
+    };
+    auto feasible = [&](double T) {
+        std::int64_t total = 0;
+        for (const Group& g : own) {
+            const std::int64_t f = fits(T, g.t, g.cap);
+            if (f < 1) return false;
+            total += f * g.count;
+        }
+        vals.clear();
+        for (const Combo::Option* o : ext) {
+            std::int64_t v = 0;
+            for (std::size_t wi = 0; wi < o->widths.size(); ++wi) {
+                v = std::max(v, fits(T, o->unit[wi], o->widths[wi].second));
+            }
+            if (v >= 1) vals.emplace_back(v, std::min(o->avail, room));
+        }
+        if (vals.empty()) return false;
+        std::sort(vals.begin(), vals.end(), std::greater<>());
+        std::int64_t left = room;
+        for (const auto& [v, k] : vals) {
+            const std::int64_t take = std::min(left, k);
+            total += take * v;
+            left -= take;
+            if (total >= L || left == 0) break;
+        }
+        return total >= L;
+    };
+    hi *= d(L);
+    if (!feasible(hi)) return 0.0;  // memory: ext_time_bound() says so
+    double lo = 0;
+    for (int it = 0; it < 64 && hi - lo > 1e-3 * hi; ++it) {
+        const double mid = 0.5 * (lo + hi);
+        if (feasible(mid)) hi = mid;
+        else lo = mid;
+    }
+    return lo;  // infeasible: below the least feasible T
 }
 
 // The bottleneck bound with each stage's memory limit at its position: position i holds
@@ -220,6 +329,7 @@ double Bounds::positioned_tau(const Node& n, const Combo& c) const {
 // is returned (a weaker but sufficient bound) and the dearer ones are skipped.
 double Bounds::own_bound(const Node& n, const Combo& c, double tau,
                  double thr) const {
+    const bool placing = tau >= 0;  // the dearer bounds, for allocations about to be placed
     if (n.stages < 1 || n.stages > model_.num_layers) return kInf;
     if (c.work.virtual_stages > 1 &&
         (n.stages < 2 || c.work.num_microbatches % n.stages != 0 ||
@@ -257,7 +367,8 @@ double Bounds::own_bound(const Node& n, const Combo& c, double tau,
     }
     if (tau < 0) tau = bottleneck_bound(n, c);
     if (!std::isfinite(tau)) return kInf;
-    double t_iter = std::max(by_rate, M * tau);
+    // The pipeline's time as a function of the bottleneck tau (at least `tau`).
+    double slope = 0, fill = 0, rt = 0;  // the second 1F1B bound: fill + slope tau
     if (c.work.schedule == Schedule::OneFOneB && c.work.virtual_stages == 1 && n.stages > 1) {
         double t_min = kInf, head_min = kInf;  // the fastest block and LM head
         for (const Choice& ch : n.choices) {
@@ -270,14 +381,81 @@ double Bounds::own_bound(const Node& n, const Combo& c, double tau,
         // The second pipeline bound with k the bottleneck stage (w_k >= tau) and
         // sum_i w_i >= L blocks at the fastest per-block time (docs/search.md).
         const double a = M - 1 - d(n.stages - 1) / q_factor(n);
-        if (a > 0) t_iter = std::max(t_iter, d(model_.num_layers) * t_min + a * tau);
+        if (a > 0) slope = a, fill = d(model_.num_layers) * t_min;
         // 1F1B's round trips.
         const Sends sd = node_sends(n, c);
-        t_iter = std::max(t_iter, round_trip_bound(c, n.stages,
-                                                   d(model_.num_layers) * t_min + head_min,
-                                                   boundary_sum(sd.sum, sd.least) - sd.saving));
+        rt = round_trip_bound(c, n.stages, d(model_.num_layers) * t_min + head_min,
+                              boundary_sum(sd.sum, sd.least) - sd.saving);
     }
-    return objective(t_iter + sync);
+    auto pipe = [&](double x) {
+        double t = std::max({by_rate, M * x, rt});
+        if (slope > 0) t = std::max(t, fill + slope * x);
+        return t;
+    };
+    double t_iter = std::max(pipe(tau) + sync, unit_bound(n, c));
+    if (placing) t_iter = std::max(t_iter, coupled_bound(n, c, tau, pipe) + sync_opt(c, n.sum_hbm));
+    return objective(t_iter);
+}
+
+// The optimizer step's part of sync_bound().
+double Bounds::sync_opt(const Combo& c, double sum_hbm) const {
+    return sum_hbm > 0 ? c.k_opt * d(model_.num_layers) / sum_hbm : 0.0;
+}
+
+// For an allocation about to be placed: the pipeline and the DP synchronisation together.
+// The iteration is at least pipe(tau) + max_i dp_i, pipe(tau) being the pipeline's bounds
+// at a bottleneck tau (the slowest stage's busy time per micro-batch, at least `tau_lo`),
+// where a stage of n_i blocks has n_i t_i <= tau and dp_i >= n_i k_ar / bw_i + lat_ar, and
+// with overlap_grad_reduce also dp_i >= n_i k_all / bw_i - tau (only its last backward, at
+// most tau, hides traffic). For each tau the least max_i n_i a_i over the block splits that
+// fit (least_tau() with the caps min(cap_i, tau / t_i)) is sigma(tau); the bound is the
+// least over tau of the larger of pipe(tau) + sigma_ar(tau) + lat_ar and
+// pipe(tau) - tau + sigma_all(tau). sigma only changes where some stage's tau / t_i does,
+// so only the values k t_i are tried, upwards from tau_lo, until (M - 1) tau, a bound on
+// both at every larger tau, reaches the best found.
+double Bounds::coupled_bound(const Node& n, const Combo& c, double tau_lo,
+                             const std::function<double(double)>& pipe) const {
+    if (c.k_ar <= 0 && c.k_all <= 0) return 0.0;
+    const std::vector<Group> gs = groups_of(n, c);
+    const std::int64_t L = model_.num_layers;
+    const double M = d(c.work.num_microbatches);
+    std::vector<double> a_ar(gs.size()), a_all(gs.size());
+    for (std::size_t j = 0; j < gs.size(); ++j) {
+        const Choice& ch = n.choices[j];
+        const double bw = stage_bw(c, ch.type, ch.tp);
+        if (!(bw > 0) || !(gs[j].t > 0)) return 0.0;
+        a_ar[j] = c.k_ar / bw;
+        a_all[j] = c.k_all / bw;
+    }
+    std::vector<double> cand;
+    for (const Group& g : gs) {
+        const std::int64_t top = std::min(g.cap, L);
+        const auto k0 = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::floor(tau_lo / g.t)));
+        for (std::int64_t k = k0; k <= top; ++k) cand.push_back(d(k) * g.t);
+    }
+    std::sort(cand.begin(), cand.end());
+    std::vector<Group> sg = gs;
+    auto sigma = [&](double tau, const std::vector<double>& a) {
+        for (std::size_t j = 0; j < gs.size(); ++j) {
+            sg[j].cap = std::min<std::int64_t>(
+                gs[j].cap, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / gs[j].t * (1 + 1e-12)))));
+            sg[j].t = a[j];
+        }
+        return least_tau(sg);
+    };
+    double best = kInf;
+    const double lo = std::max(tau_lo, 0.0);
+    for (const double tau0 : cand) {
+        const double tau = std::max(lo, tau0 * (1 - 1e-12));
+        if ((M - 1) * tau >= best) break;
+        const double s_all = sigma(tau0, a_all);
+        if (!std::isfinite(s_all)) continue;  // the blocks do not fit at this tau
+        const double p = pipe(tau);
+        double t = p - (c.hidden ? tau : 0.0) + s_all;
+        if (c.k_ar > 0) t = std::max(t, p + sigma(tau0, a_ar) + c.lat_ar);
+        best = std::min(best, t);
+    }
+    return std::isfinite(best) ? best : 0.0;
 }
 
 // Lower bound over completions that add stages of types at order positions >= next.
@@ -289,7 +467,7 @@ double Bounds::ext_bound(const Node& n, const Combo& c, double thr, bool full) c
     if (p >= order_.size() || n.stages >= cap || cap <= opt_.covered_depth) return kInf;
     if (n.types >= opt_.max_gpu_types) return kInf;
     if (opt_.prune_memory && n.cap + c.suffix_cap[p] < c.need_bytes) return kInf;
-    const double by_rate = type_bound(n, c, p, suffix_min_rate_[p]);
+    const double by_rate = type_bound(n, c, p, false);
     if (!std::isfinite(by_rate)) return kInf;
     if (!full || beyond(by_rate, thr)) return by_rate;
     // The iteration time of any completion, from whole blocks, the bottleneck and the
@@ -523,35 +701,87 @@ double Bounds::ext_time_bound(const Node& n, const Combo& c, double target) cons
         if (feasible(mid, head)) hi = mid;
         else lo = mid;
     }
-    return iteration(lo);  // lo: below the least feasible tau
+    return std::max(iteration(lo), ext_unit_bound(n, c, room));  // lo: below the least feasible tau
 }
 
-// Lower bound over completions that add stages of the type at order position p and
-// possibly of later types (same shape as ext_bound, from position p).
-// `xmin`: the least rate one added GPU brings.
-double Bounds::type_bound(const Node& n, const Combo& c, std::size_t p, double xmin) const {
+// Lower bound over completions that add stages of types at order positions >= p; with
+// `must`, completions that add stages of the type at p (and perhaps later ones).
+// Two bounds on the node's cost per unit of work, the larger counts: over all FLOPs at
+// peak-times-efficiency rates, every added GPU at the best price per FLOP/s of the types
+// from p on (order_ is sorted by it) up to their total rate; and over the blocks' FLOPs at
+// the rates the cost model gives them (blocks_ratio()).
+double Bounds::type_bound(const Node& n, const Combo& c, std::size_t p, bool must) const {
+    if (p >= order_.size()) return kInf;
     const double xmax = c.suffix_rate[p];
     if (xmax <= 0 || n.rate + xmax < c.rate_min) return kInf;
     const auto t = static_cast<std::size_t>(order_[p]);
+    const double xmin = must ? rate_[t] : suffix_min_rate_[p];
     const double rho = gpus_[t].price_per_hour / rate_[t];
-    // The same bound twice: over all FLOPs at peak-times-efficiency rates, and over the
-    // blocks' FLOPs at the chosen stages' block rates (which include their TP
-    // all-reduces); added GPUs never exceed their raw rate in either.
-    auto best_ratio = [&](double rate, double rate_min) {
-        if (rate + xmax < rate_min) return kInf;
-        const double xlo = std::min(xmax, std::max(xmin, rate_min - rate));
-        auto ratio = [&](double x) {
-            return rate + x > 0 ? (n.price + rho * x) / (rate + x) : rho;
-        };
-        return std::min(ratio(xlo > 0 ? xlo : 1e-300), ratio(xmax));
+    const double xlo = std::min(xmax, std::max(xmin, c.rate_min - n.rate));
+    auto ratio = [&](double x) {
+        return n.rate + x > 0 ? (n.price + rho * x) / (n.rate + x) : rho;
     };
-    const double raw = best_ratio(n.rate, c.rate_min);
-    const double blocks = best_ratio(n.block_rate, c.block_rate_min);
+    const double raw = std::min(ratio(xlo > 0 ? xlo : 1e-300), ratio(xmax));
+    const double blocks = blocks_ratio(n, c, p, must);
     if (!std::isfinite(raw) || !std::isfinite(blocks)) return kInf;
     const double usd = std::max(c.c0 * raw, c.c0_blocks * blocks);
     if (opt_.objective == Objective::Cost) return usd;
     if (usd > opt_.budget_usd * (1 + kSlack)) return kInf;
-    return std::max(c.t0 / (n.rate + xmax), c.t0_blocks / (n.block_rate + xmax));
+    return std::max(c.t0 / (n.rate + xmax), c.t0_blocks / (n.unit_rate + c.blk_suffix_rate[p]));
+}
+
+// The least price per unit rate, (P0 + sum_t price_t x_t) / (R0 + sum_t b_t x_t), of any
+// completion that adds x_t GPUs (at most the type's per-replica count) of the types at order
+// positions >= p. A stage's unit rate is M block_flops / unit_s: as every stage of n_i
+// blocks has T >= n_i unit_s_i (unit_time()) and the n_i sum to L, the iteration takes
+// T >= M L block_flops / (the stages' unit rates). P0 and R0 are the node's price per replica
+// and unit rate (Node::unit_rate), b_t the most one GPU of t brings at any width
+// (Combo::blk_gpu; a stage of w GPUs brings at most w b_t). The completion adds at least one
+// stage: the added rate is at least the least stage's (with `must`, one stage of the type at
+// p), and at least what the deadline needs (block_rate_min). kInf when no completion can
+// meet those. A fractional knapsack in order of price per unit rate (Dinkelbach's argument:
+// a type priced below the running ratio lowers it and is taken whole; the first one at or
+// above it, once the needs are met, ends the walk: every later one is dearer). The cost is
+// at least c0_blocks times this ratio.
+double Bounds::blocks_ratio(const Node& n, const Combo& c, std::size_t p, bool must) const {
+    double price = n.price, rate = n.unit_rate;
+    double need = std::max(c.block_rate_min - rate, 0.0);
+    std::size_t forced = order_.size();  // none
+    double forced_y = 0;
+    if (must) {
+        const auto st = static_cast<std::size_t>(order_[p]);
+        forced = p;
+        forced_y = c.blk_stage_min[st];
+        if (gpus_[st].count / c.work.dp < 1 || !(forced_y > 0)) return kInf;
+        if (!std::isfinite(forced_y)) return 0.0;
+        price += gpus_[st].price_per_hour * forced_y / c.blk_gpu[st];
+        rate += forced_y;
+        need = std::max(need - forced_y, 0.0);
+    } else {
+        const double least = c.blk_suffix_stage_min[p];
+        if (!std::isfinite(least)) return least > 0 ? 0.0 : kInf;  // +inf: unbounded rates
+        need = std::max(need, least);
+    }
+    if (!std::isfinite(c.blk_suffix_rate[p])) return 0.0;
+    if (rate + c.blk_suffix_rate[p] + 1e-9 * rate < c.block_rate_min) return kInf;
+    for (const std::size_t q : c.blk_order) {
+        if (q < p) continue;
+        const auto st = static_cast<std::size_t>(order_[q]);
+        const double b = c.blk_gpu[st];
+        if (!(b > 0)) continue;
+        double avail = d(gpus_[st].count / c.work.dp) * b;
+        if (q == forced) avail = std::max(0.0, avail - forced_y);
+        if (avail <= 0) continue;
+        const double r = gpus_[st].price_per_hour / b;
+        const bool lowers = rate > 0 && r * rate < price;
+        if (need <= 0 && !lowers && rate > 0) break;
+        const double take = lowers || rate <= 0 ? avail : std::min(avail, need);
+        price += r * take;
+        rate += take;
+        need -= take;
+    }
+    if (need > kSlack * std::max(rate, c.block_rate_min)) return kInf;
+    return rate > 0 ? price / rate : kInf;
 }
 
 }  // namespace espresso::search_detail

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "espresso/search_space.hpp"
@@ -52,6 +53,15 @@ public:
     std::vector<Group> groups_of(const Node& n, const Combo& c) const;
 
     double bottleneck_bound(const Node& n, const Combo& c) const;
+    // The least tau at which every group's stages take at least one block and together
+    // all L, each at most min(floor(tau / t), its cap) blocks (kInf: never).
+    double least_tau(const std::vector<Group>& gs) const;
+    double unit_time(const Combo& c, std::int64_t type, std::int64_t tp, double block_s) const;
+    double unit_bound(const Node& n, const Combo& c) const;
+    double coupled_bound(const Node& n, const Combo& c, double tau_lo,
+                         const std::function<double(double)>& pipe) const;
+    double sync_opt(const Combo& c, double sum_hbm) const;
+    double ext_unit_bound(const Node& n, const Combo& c, std::int64_t room) const;
 
     double positioned_tau(const Node& n, const Combo& c) const;
 
@@ -126,7 +136,8 @@ public:
 
     double ext_time_bound(const Node& n, const Combo& c, double target = kInf) const;
 
-    double type_bound(const Node& n, const Combo& c, std::size_t p, double xmin) const;
+    double type_bound(const Node& n, const Combo& c, std::size_t p, bool must) const;
+    double blocks_ratio(const Node& n, const Combo& c, std::size_t p, bool must) const;
 
     // The least expected hours per hour of work of a plan with `rate` interruptions per
     // hour or more (1 without spot instances).

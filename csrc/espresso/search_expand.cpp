@@ -41,7 +41,7 @@ void Tree::process(const Node& node, double thr, std::vector<Node>& children, Lo
             } else if (beyond(own2, thr)) {
                 ++local.s.pruned_cost;
             } else {
-                place_allocation(node, c, thr, local);
+                place_allocation(node, c, own2, thr, local);
             }
         }
     }
@@ -58,11 +58,16 @@ void Tree::process(const Node& node, double thr, std::vector<Node>& children, Lo
     if (cap <= opt_.covered_depth) return;  // every allocation below is covered elsewhere
     const std::int64_t room = cap - node.stages;
     for (std::size_t p = static_cast<std::size_t>(node.next); p < order_.size(); ++p) {
-        // Adding a type at position p (and perhaps later ones, all with a price per
-        // FLOP/s at least this type's) costs at least this; the bound only grows with p.
-        if (beyond(type_bound(node, c, p, rate_[static_cast<std::size_t>(order_[p])]), thr)) {
+        // Completions from position p on cost at least this, a bound that only grows with
+        // p (fewer types to add): beyond the incumbent, no later type is worth adding.
+        if (beyond(type_bound(node, c, p, false), thr)) {
             local.s.pruned_cost += static_cast<std::int64_t>(order_.size() - p);
             break;
+        }
+        // Those that add this type (and perhaps later ones).
+        if (beyond(type_bound(node, c, p, true), thr)) {
+            ++local.s.pruned_cost;
+            continue;
         }
         const std::int64_t t = order_[p];
         const GpuSpec& g = gpus_[static_cast<std::size_t>(t)];
@@ -143,8 +148,13 @@ void Tree::make_child(const Node& node, const Combo& c, std::size_t p,
     ch.rate = node.rate + d(gpus_per_replica) * rate_[st];
     ch.cap = node.cap + d(gpus_per_replica) * cap_[st];
     ch.block_rate = node.block_rate;
+    ch.unit_rate = node.unit_rate;
+    const double M = d(c.work.num_microbatches);
     for (std::size_t wi = 0; wi < ws.size(); ++wi) {
-        if (counts[wi] > 0) ch.block_rate += d(counts[wi]) * c.block_flops / c.block_s[st][wi];
+        if (counts[wi] > 0) {
+            ch.block_rate += d(counts[wi]) * c.block_flops / c.block_s[st][wi];
+            ch.unit_rate += d(counts[wi]) * M * c.block_flops / c.unit_s[st][wi];
+        }
     }
     ch.max_layers = node.max_layers;
     for (std::size_t wi = 0; wi < ws.size(); ++wi) {
@@ -192,7 +202,8 @@ void Tree::make_child(const Node& node, const Combo& c, std::size_t p,
     children.push_back(std::move(ch));
 }
 
-void Tree::place_allocation(const Node& node, const Combo& c, double thr, Local& local) {
+void Tree::place_allocation(const Node& node, const Combo& c, double own, double thr,
+                            Local& local) {
     ++local.s.leaves_placed;
     // Only the GPU types of this allocation travel to the placer and the estimator.
     std::vector<std::int64_t> types;
@@ -227,7 +238,7 @@ void Tree::place_allocation(const Node& node, const Combo& c, double thr, Local&
     po.incumbent_scale = opt_.objective == Objective::Cost
                              ? (hourly > 0 ? 3600.0 / (hourly * iters) : kInf)
                              : 3600.0 / iters;
-    po.floor = node.own;
+    po.floor = own;
     po.deadline = deadline_;
     po.cancel = cancel_;
     Placement pl;
@@ -243,7 +254,7 @@ void Tree::place_allocation(const Node& node, const Combo& c, double thr, Local&
                                   ? hourly * iters * pl.lower_bound_s / 3600.0
                                   : iters * pl.lower_bound_s / 3600.0;
         // The node's own bound holds for every placement of this allocation too.
-        local.open_lb = std::min(local.open_lb, std::max(lb_obj, node.own));
+        local.open_lb = std::min(local.open_lb, std::max(lb_obj, own));
     }
     if (!pl.found) return;
     EstimateResult est = estimate(model_, specs, params_, c.work, pl.stages);

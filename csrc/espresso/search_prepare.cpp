@@ -172,10 +172,12 @@ bool Tree::prepare_combos(Stopwatch& sw) {
                         switch (sh) {
                             case Sharding::None:
                                 if (!hidden) c.k_ar = grads, c.lat_ar = lat;
+                                c.k_all = grads;
                                 break;
                             case Sharding::Zero1:
                                 c.k_ar = 0.5 * weights + (hidden ? 0.0 : 0.5 * grads);
                                 c.lat_ar = hidden ? 0.5 * lat : lat;
+                                c.k_all = 0.5 * weights + 0.5 * grads;
                                 break;
                             case Sharding::Zero2:
                                 c.k_ar = 0.5 * weights, c.lat_ar = 0.5 * lat;
@@ -183,6 +185,8 @@ bool Tree::prepare_combos(Stopwatch& sw) {
                             case Sharding::Full:
                                 break;
                         }
+                        c.hidden = hidden && sh <= Sharding::Zero1;
+                        if (!c.hidden) c.k_all = c.k_ar;
                     }
                     c.k_opt = bp / shards.optimizer *
                               params_.optimizer_step_bytes_per_param /
@@ -291,12 +295,16 @@ void Tree::prepare_options(Combo& c) const {
     c.options.resize(gpus_.size());
     c.block_s.resize(gpus_.size());
     c.head_s.resize(gpus_.size());
+    c.unit_s.resize(gpus_.size());
     for (const std::int64_t t : order_) {
         for (const std::int64_t w : widths_[static_cast<std::size_t>(t)]) {
             c.block_s[static_cast<std::size_t>(t)].push_back(block_time(c, t, w));
             c.head_s[static_cast<std::size_t>(t)].push_back(head_time(c, t, w));
+            c.unit_s[static_cast<std::size_t>(t)].push_back(
+                unit_time(c, t, w, c.block_s[static_cast<std::size_t>(t)].back()));
         }
     }
+    prepare_block_rates(c);
     for (const std::int64_t t : order_) {
         const auto st = static_cast<std::size_t>(t);
         Combo::Option& o = c.options[st];
@@ -311,6 +319,7 @@ void Tree::prepare_options(Combo& c) const {
             const double bt = c.block_s[st][wi];
             o.widths.emplace_back(bt, cap);
             o.head.push_back(c.head_s[st][wi]);
+            o.unit.push_back(c.unit_s[st][wi]);
             o.t_min = std::min(o.t_min, bt);
             o.t_max = std::max(o.t_max, bt);
             if (w > 1) o.tp = true;
@@ -320,6 +329,45 @@ void Tree::prepare_options(Combo& c) const {
         }
         o.bw_all = d(o.avail) * bw_gpu;
         o.hbm_all = d(o.avail) * gpus_[st].mem_bandwidth_gbs;
+    }
+}
+
+// The unit rate each type can bring to a completion, for blocks_ratio(): every width
+// the enumeration may give a stage of the type counts (a superset of the options, so the
+// most per GPU is an upper bound and the least per stage a lower one).
+void Tree::prepare_block_rates(Combo& c) const {
+    const std::size_t n = gpus_.size();
+    c.blk_gpu.assign(n, 0.0);
+    c.blk_stage_min.assign(n, kInf);
+    for (const std::int64_t t : order_) {
+        const auto st = static_cast<std::size_t>(t);
+        for (std::size_t wi = 0; wi < widths_[st].size(); ++wi) {
+            const double u = c.unit_s[st][wi];
+            // A unit time of 0 (never from valid specs) gives an unbounded rate: the
+            // bound then falls to 0, which is admissible.
+            const double stage = u > 0 ? d(c.work.num_microbatches) * c.block_flops / u : kInf;
+            c.blk_gpu[st] = std::max(c.blk_gpu[st], stage / d(widths_[st][wi]));
+            c.blk_stage_min[st] = std::min(c.blk_stage_min[st], stage);
+        }
+    }
+    c.blk_order.clear();
+    for (std::size_t p = 0; p < order_.size(); ++p) c.blk_order.push_back(p);
+    auto per_block = [&](std::size_t p) {
+        const auto st = static_cast<std::size_t>(order_[p]);
+        return c.blk_gpu[st] > 0 ? gpus_[st].price_per_hour / c.blk_gpu[st] : kInf;
+    };
+    std::stable_sort(c.blk_order.begin(), c.blk_order.end(),
+                     [&](std::size_t a, std::size_t b) { return per_block(a) < per_block(b); });
+    c.blk_suffix_rate.assign(order_.size() + 1, 0.0);
+    c.blk_suffix_stage_min.assign(order_.size() + 1, kInf);
+    for (std::size_t p = order_.size(); p-- > 0;) {
+        const auto st = static_cast<std::size_t>(order_[p]);
+        const std::int64_t per_replica = gpus_[st].count / c.work.dp;
+        c.blk_suffix_rate[p] = c.blk_suffix_rate[p + 1] + d(per_replica) * c.blk_gpu[st];
+        c.blk_suffix_stage_min[p] = c.blk_suffix_stage_min[p + 1];
+        if (per_replica >= 1) {
+            c.blk_suffix_stage_min[p] = std::min(c.blk_suffix_stage_min[p], c.blk_stage_min[st]);
+        }
     }
 }
 

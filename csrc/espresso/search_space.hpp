@@ -50,6 +50,7 @@ struct Node {
     double cap = 0;          // per replica, usable bytes
     double min_stage_rate = 0;  // smallest tp * rate over the node's stages
     double block_rate = 0;   // per replica: block FLOPs per second, TP all-reduces included
+    double unit_rate = 0;    // per replica: sum over stages of M block_flops / unit_s
     std::int64_t max_layers = 0;  // blocks the stages could hold at most, memory-wise
     bool tensor_parallel = false;  // some stage has tp > 1 (its forward carries TP all-reduces)
     double sum_bw = 0;       // per replica: sum over stages of tp * DP link GB/s
@@ -86,6 +87,10 @@ struct Combo {
     // DP all-reduce and optimizer step: the largest over stages is at least
     // k_ar * L / sum(tp * link GB/s) + lat_ar and k_opt * L / sum(tp * memory GB/s).
     double k_ar = 0, lat_ar = 0, k_opt = 0;
+    // With the gradients' reduction overlapping the last backward (overlap_grad_reduce):
+    // the whole DP traffic per block over 1 GB/s (k_all), exposed but for that backward.
+    double k_all = 0;
+    bool hidden = false;
     double need_bytes = 0;   // per-replica memory any plan needs
     std::vector<double> suffix_rate, suffix_cap;  // by order position
     // Most blocks one stage of (type, width index) can hold: a middle stage with a single
@@ -104,6 +109,7 @@ struct Combo {
     struct Option {
         std::vector<std::pair<double, std::int64_t>> widths;
         std::vector<double> head;  // the LM head's time on a stage of that width
+        std::vector<double> unit;  // unit_s of that width
         std::int64_t avail = 0;
         bool tp = false;
         double bw_slot = 0, bw_all = 0, hbm_slot = 0, hbm_all = 0, t_min = kInf, t_max = 0;
@@ -111,6 +117,16 @@ struct Combo {
     std::vector<Option> options;
     std::vector<std::vector<double>> block_s;  // block_time() by type and width index
     std::vector<std::vector<double>> head_s;   // head_time() by type and width index
+    // Iteration seconds per block a stage of (type, width index) adds at least: its M
+    // micro-batches' compute, its DP traffic and its optimizer step (Bounds::unit_time).
+    std::vector<std::vector<double>> unit_s;
+    // The blocks' rate the types bring (Bounds::blocks_ratio), each stage's at its unit
+    // time (M block_flops / unit_s): by type, the most one GPU brings at any width and the
+    // least one stage brings; the order positions by price per unit of that rate; by order
+    // position, the sums over the later types' per-replica GPUs and the least stage.
+    std::vector<double> blk_gpu, blk_stage_min;
+    std::vector<std::size_t> blk_order;
+    std::vector<double> blk_suffix_rate, blk_suffix_stage_min;
 };
 
 // A total order on plans with equal objective, so the answer never depends on timing.
@@ -144,7 +160,7 @@ public:
 protected:
     // A bound above the threshold cuts (when cost pruning is on).
     bool beyond(double lb, double thr) const {
-        return opt_.prune_cost && lb > thr * (1 + kSlack);
+        return opt_.prune_cost && lb > thr * (1 - opt_.gap) * (1 + kSlack);
     }
 
     const ModelDims& model_;

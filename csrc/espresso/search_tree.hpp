@@ -63,6 +63,7 @@ private:
                                                std::int64_t lenient) const;
 
     void prepare_options(Combo& c) const;
+    void prepare_block_rates(Combo& c) const;
 
     void process(const Node& node, double thr, std::vector<Node>& children, Local& local);
 
@@ -77,7 +78,7 @@ private:
                     std::int64_t gpus_per_replica, std::int64_t stages, double thr,
                     std::vector<Node>& children, Local& local);
 
-    void place_allocation(const Node& node, const Combo& c, double thr, Local& local);
+    void place_allocation(const Node& node, const Combo& c, double own, double thr, Local& local);
 
     Clock::time_point deadline_ = Clock::time_point::max();
     const std::atomic<bool>* cancel_ = nullptr;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -28,7 +29,7 @@ from ..search import (
     search,
 )
 from . import _common as c
-from .report import Comparison, print_estimate, print_plan, print_top
+from .report import NO_DEADLINE_HOURS, Comparison, print_estimate, print_plan, print_top
 
 MAIN_SHARE = 0.8
 """Share of the command's time limit the main search may use when a comparison with
@@ -90,9 +91,15 @@ def job_from_args(args: argparse.Namespace) -> Job:
         data.pop("tokens", None)
     if "deadline_hours" in data:
         data.pop("deadline", None)
+    if (getattr(args, "budget", None) is not None and "deadline_hours" not in data
+            and "deadline" not in data):
+        # The fastest plan within a budget needs no deadline: none binds.
+        data["deadline_hours"] = NO_DEADLINE_HOURS  # over a century: none binds
     for key, flag in (("model", "--model"), ("deadline_hours", "--deadline")):
         if key not in data and not (key == "deadline_hours" and "deadline" in data):
-            msg = f"plan: {flag} is required (or give it in --job FILE)"
+            msg = (f"plan: {flag} is required (or give it in --job FILE"
+                   + (", or ask for the fastest plan within --budget USD)"
+                      if key == "deadline_hours" else ")"))
             raise JobError(msg)
     if "tokens" not in data and "iterations" not in data:
         msg = "plan: give --tokens (e.g. 2e10 or 20B) or --iterations (one of them)"
@@ -216,7 +223,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                  recompute=args.recompute, virtual_stages=args.virtual_stages,
                                  interleave_after=args.interleave_after,
                                  sequence_parallel=None if args.sequence_parallel else False,
-                                 engine=args.engine)
+                                 engine=args.engine, gap=args.gap)
     kwargs = {**space, "objective": objective, "budget_usd": args.budget}
     progress = SearchProgress()
     spot = any(g.is_spot for g in catalog.gpus)
@@ -329,7 +336,11 @@ def register(sub: Any) -> None:
                         f"(default {DEFAULT_TIME_LIMIT_S:g} s); when it stops a search, the best "
                         "plan so far is shown with its gap")
     p.add_argument("--budget", type=float, metavar="USD",
-                   help="instead: the fastest plan whose total cost is within USD")
+                   help="instead: the fastest plan whose total cost is within USD "
+                        "(--deadline then optional)")
+    p.add_argument("--gap", type=_gap_fraction, default=0.0, metavar="P",
+                   help="stop once the plan is proven within a relative gap P of the "
+                        "optimum, e.g. 0.01 (as MIP solvers'; default 0: exact)")
     p.add_argument("--top-k", type=int, default=1,
                    help="also list the next best plans (a table of k plans)")
     p.add_argument("--max-stages", type=_int_list("max-stages", 1, 1024, allow_none=False),
@@ -387,6 +398,17 @@ def add_job_args(p: argparse.ArgumentParser, *, deadline: bool) -> None:
     p.add_argument("--deadline-confidence", type=float, metavar="P",
                    help="with spot instances: the probability with which the deadline must "
                         "hold, over the number of interruptions (default 0.9)")
+
+
+def _gap_fraction(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not 0.0 <= x < 1.0:
+        msg = f"expected a relative gap in [0, 1), e.g. 0.01 for 1%, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return x
 
 
 def _fraction(text: str) -> float:

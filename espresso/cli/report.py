@@ -94,6 +94,11 @@ def domain_words(plan: Plan) -> str | None:
                  f"Gbps per instance, ${dom.get('transfer_usd_per_gb', 0):g}/GB between stages")
     return text
 
+NO_DEADLINE_HOURS = 1e6
+"""The deadline `plan --budget` gives a job without one (over a century: none binds); printed
+as none."""
+
+
 def deadline_words(est: Estimate) -> str:
     """``met with X to spare`` / ``missed by X (needs Y)``; with spot instances, at the
     job's confidence."""
@@ -210,6 +215,9 @@ def proof_words(stats: dict[str, object] | SearchStats | None) -> str:
                 f"${inter['total_usd_without']:,.2f}, {_hours(inter['total_hours_without'])}")
     if gap == 0.0:
         return "proven optimal within the cost model (gap 0)"
+    complete = stats.complete if isinstance(stats, SearchStats) else stats.get("complete")
+    if complete and isinstance(gap, float) and math.isfinite(gap):
+        return f"proven within {gap:.2%} of the optimum in the cost model (--gap)"
     stopped = (stats.interrupted if isinstance(stats, SearchStats)
                else stats.get("interrupted"))
     why = "interrupted (Ctrl-C)" if stopped else "the time limit stopped the search"
@@ -268,7 +276,9 @@ def print_plan(plan: Plan, console: Console, comparison: Comparison | None,
     console.print(
         f"[bold]{escape(job.model.name)}[/] ({_count(job.model.num_params)} parameters): "
         f"seq {job.seq_len}, global batch {job.global_batch_size}, {est.iterations:,} "
-        f"iterations ({_count(job.num_tokens)} tokens), deadline {_hours(job.deadline_hours)}"
+        f"iterations ({_count(job.num_tokens)} tokens), "
+        + ("no deadline" if job.deadline_hours == NO_DEADLINE_HOURS
+           else f"deadline {_hours(job.deadline_hours)}")
     )
     print_rental(plan, est, console, bold=True)
     table = Table(caption=_caption(plan))
@@ -302,9 +312,11 @@ def print_plan(plan: Plan, console: Console, comparison: Comparison | None,
                 else "")
     expected = "expected " if est.spot is not None else ""
     at = f" at {est.spot.confidence:.0%} confidence" if est.spot is not None else ""
+    deadline = ("no deadline" if job.deadline_hours == NO_DEADLINE_HOURS else
+                f"deadline {_hours(job.deadline_hours)}: "
+                f"{'met' if est.meets_deadline else 'missed'}{at}")
     console.print(f"Total: {expected}{_hours(est.total_hours)}, [bold]${est.total_usd:,.2f}[/] "
-                  f"(deadline {_hours(job.deadline_hours)}: "
-                  f"{'met' if est.meets_deadline else 'missed'}{at}{transfer})")
+                  f"({deadline}{transfer})")
     for line in spot_lines(est):
         console.print(escape(line))
     console.print(escape(engines_line(plan)))
