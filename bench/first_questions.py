@@ -40,7 +40,7 @@ quotas:
   - {provider: aws, instance_type: "p5*", instances: 2}
   - {provider: aws, instance_type: "p4d*", instances: 4}
   - {provider: aws, instances: 8}
-  - {provider: gcp, gpu: H100, instances: 2}
+  - {provider: gcp, gpu: H100-SXM, instances: 2}
   - {provider: gcp, instances: 6}
   - {provider: lambda, instances: 3}
 """
@@ -63,7 +63,7 @@ def _gpt530b(path: Path) -> tuple[list[str], Path]:
     """MT-NLG's 530B GPT (105 blocks, hidden 20480, 128 heads) over 2,240 A100-80GB."""
     model = {"name": "gpt-530b", "num_layers": 105, "hidden_size": 20480, "num_heads": 128,
              "ffn_hidden_size": 81920, "vocab_size": 51200, "gated_mlp": False,
-             "layernorm": True, "linear_bias": True, "position_embeddings": 2048,
+             "norm": "layernorm", "linear_bias": True, "position_embeddings": 2048,
              "tied_embeddings": True}
     mpath = path / "gpt530b.json"
     mpath.write_text(json.dumps(model))
