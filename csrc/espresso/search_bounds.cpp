@@ -67,7 +67,7 @@ std::vector<Bounds::Group> Bounds::groups_of(const Node& n, const Combo& c) cons
         const auto& ws = widths_[st];
         const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
         gs.push_back({c.block_s[st][wi], opt_.prune_memory ? c.max_layers[st][wi] : model_.num_layers,
-                      ch.count, c.head_s[st][wi]});
+                      ch.count, c.head_s[st][wi], c.unit_s[st][wi]});
     }
     return gs;
 }
@@ -129,19 +129,27 @@ double Bounds::unit_time(const Combo& c, std::int64_t type, std::int64_t tp, dou
     return std::isfinite(u) ? u : 0.0;
 }
 
-// The node's stages: T >= n_i unit_i for each, the n_i (at most the stage's memory limit)
-// summing to L: the least such T (kInf: the blocks do not fit).
-double Bounds::unit_bound(const Node& n, const Combo& c) const {
-    std::vector<Group> gs = groups_of(n, c);
-    for (std::size_t j = 0; j < gs.size(); ++j) {
-        const Choice& ch = n.choices[j];
-        const auto st = static_cast<std::size_t>(ch.type);
-        const auto& ws = widths_[st];
-        const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
-        gs[j].t = c.unit_s[st][wi];
-        if (!(gs[j].t > 0)) return 0.0;
+// The node's stages (`gs`, groups_of()): T >= n_i unit_i for each, the n_i (at most the
+// stage's memory limit) summing to L: the least such T (kInf: the blocks do not fit).
+double Bounds::unit_bound(std::vector<Group> gs) const {
+    for (Group& g : gs) {
+        if (!(g.unit > 0)) return 0.0;
+        g.t = g.unit;
     }
     return least_tau(gs);
+}
+
+std::int64_t Bounds::best_added(std::vector<std::pair<std::int64_t, std::int64_t>>& vals,
+                                std::int64_t room, std::int64_t total, std::int64_t L) {
+    std::sort(vals.begin(), vals.end(), std::greater<>());
+    std::int64_t left = room;
+    for (const auto& [v, k] : vals) {
+        const std::int64_t take = std::min(left, k);
+        total += take * v;
+        left -= take;
+        if (total >= L || left == 0) break;
+    }
+    return total;
 }
 
 // The same over completions of the node that add 1 to `room` stages of the types at order
@@ -150,16 +158,11 @@ double Bounds::unit_bound(const Node& n, const Combo& c) const {
 // hold all L blocks. 0 when it cannot tell.
 double Bounds::ext_unit_bound(const Node& n, const Combo& c, std::int64_t room) const {
     const std::int64_t L = model_.num_layers;
-    std::vector<Group> own = groups_of(n, c);
+    const std::vector<Group> own = groups_of(n, c);
     double hi = 0;
-    for (std::size_t j = 0; j < own.size(); ++j) {
-        const Choice& ch = n.choices[j];
-        const auto st = static_cast<std::size_t>(ch.type);
-        const auto& ws = widths_[st];
-        const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
-        own[j].t = c.unit_s[st][wi];
-        if (!(own[j].t > 0)) return 0.0;
-        hi = std::max(hi, own[j].t);
+    for (const Group& g : own) {
+        if (!(g.unit > 0)) return 0.0;
+        hi = std::max(hi, g.unit);
     }
     std::vector<const Combo::Option*> ext;
     for (std::size_t p = static_cast<std::size_t>(n.next); p < order_.size(); ++p) {
@@ -180,7 +183,7 @@ double Bounds::ext_unit_bound(const Node& n, const Combo& c, std::int64_t room) 
     auto feasible = [&](double T) {
         std::int64_t total = 0;
         for (const Group& g : own) {
-            const std::int64_t f = fits(T, g.t, g.cap);
+            const std::int64_t f = fits(T, g.unit, g.cap);
             if (f < 1) return false;
             total += f * g.count;
         }
@@ -192,16 +195,7 @@ double Bounds::ext_unit_bound(const Node& n, const Combo& c, std::int64_t room) 
             }
             if (v >= 1) vals.emplace_back(v, std::min(o->avail, room));
         }
-        if (vals.empty()) return false;
-        std::sort(vals.begin(), vals.end(), std::greater<>());
-        std::int64_t left = room;
-        for (const auto& [v, k] : vals) {
-            const std::int64_t take = std::min(left, k);
-            total += take * v;
-            left -= take;
-            if (total >= L || left == 0) break;
-        }
-        return total >= L;
+        return !vals.empty() && best_added(vals, room, total, L) >= L;
     };
     hi *= d(L);
     if (!feasible(hi)) return 0.0;  // memory: ext_time_bound() says so
@@ -365,18 +359,16 @@ double Bounds::own_bound(const Node& n, const Combo& c, double tau,
         const double quick = objective(by_rate + sync);
         if (!std::isfinite(quick) || beyond(quick, thr)) return quick;
     }
-    if (tau < 0) tau = bottleneck_bound(n, c);
+    const std::vector<Group> gs = groups_of(n, c);
+    if (tau < 0) tau = least_tau(gs);  // bottleneck_bound()
     if (!std::isfinite(tau)) return kInf;
     // The pipeline's time as a function of the bottleneck tau (at least `tau`).
     double slope = 0, fill = 0, rt = 0;  // the second 1F1B bound: fill + slope tau
     if (c.work.schedule == Schedule::OneFOneB && c.work.virtual_stages == 1 && n.stages > 1) {
         double t_min = kInf, head_min = kInf;  // the fastest block and LM head
-        for (const Choice& ch : n.choices) {
-            const auto st = static_cast<std::size_t>(ch.type);
-            const auto& ws = widths_[st];
-            const auto wi = static_cast<std::size_t>(std::find(ws.begin(), ws.end(), ch.tp) - ws.begin());
-            t_min = std::min(t_min, c.block_s[st][wi]);
-            head_min = std::min(head_min, c.head_s[st][wi]);
+        for (const Group& g : gs) {
+            t_min = std::min(t_min, g.t);
+            head_min = std::min(head_min, g.head);
         }
         // The second pipeline bound with k the bottleneck stage (w_k >= tau) and
         // sum_i w_i >= L blocks at the fastest per-block time (docs/search.md).
@@ -392,8 +384,8 @@ double Bounds::own_bound(const Node& n, const Combo& c, double tau,
         if (slope > 0) t = std::max(t, fill + slope * x);
         return t;
     };
-    double t_iter = std::max(pipe(tau) + sync, unit_bound(n, c));
-    if (placing) t_iter = std::max(t_iter, coupled_bound(n, c, tau, pipe) + sync_opt(c, n.sum_hbm));
+    double t_iter = std::max(pipe(tau) + sync, unit_bound(gs));
+    if (placing) t_iter = std::max(t_iter, coupled_bound(n, c, gs, tau, pipe) + sync_opt(c, n.sum_hbm));
     return objective(t_iter);
 }
 
@@ -413,10 +405,9 @@ double Bounds::sync_opt(const Combo& c, double sum_hbm) const {
 // pipe(tau) - tau + sigma_all(tau). sigma only changes where some stage's tau / t_i does,
 // so only the values k t_i are tried, upwards from tau_lo, until (M - 1) tau, a bound on
 // both at every larger tau, reaches the best found.
-double Bounds::coupled_bound(const Node& n, const Combo& c, double tau_lo,
-                             const std::function<double(double)>& pipe) const {
+double Bounds::coupled_bound(const Node& n, const Combo& c, const std::vector<Group>& gs,
+                             double tau_lo, const std::function<double(double)>& pipe) const {
     if (c.k_ar <= 0 && c.k_all <= 0) return 0.0;
-    const std::vector<Group> gs = groups_of(n, c);
     const std::int64_t L = model_.num_layers;
     const double M = d(c.work.num_microbatches);
     std::vector<double> a_ar(gs.size()), a_all(gs.size());
@@ -629,15 +620,7 @@ double Bounds::ext_time_bound(const Node& n, const Combo& c, double target) cons
         if (loss == std::numeric_limits<std::int64_t>::max()) return false;
         total -= loss;
         if (vals.empty()) return false;  // a completion adds a stage, which needs a block
-        std::sort(vals.begin(), vals.end(), std::greater<>());
-        std::int64_t left = room;
-        for (const auto& [v, k] : vals) {
-            const std::int64_t take = std::min(left, k);
-            total += take * v;
-            left -= take;
-            if (total >= L || left == 0) break;
-        }
-        return total >= L;
+        return best_added(vals, room, total, L) >= L;
     };
     if (!feasible(kInf, false)) return kInf;  // the stages' memory cannot hold the blocks
     // The terms that do not depend on the bottleneck tau: round trips and synchronisation.

@@ -48,7 +48,13 @@ public:
         double t;
         std::int64_t cap, count;
         double head;
+        double unit;  // unit_time() of the stage (Combo::unit_s)
     };
+
+    // Blocks that `room` added stages take at best: (blocks a stage of a type takes, stages
+    // of that type at most) pairs, the most blocks first, until all L are held.
+    static std::int64_t best_added(std::vector<std::pair<std::int64_t, std::int64_t>>& vals,
+                                   std::int64_t room, std::int64_t total, std::int64_t L);
 
     std::vector<Group> groups_of(const Node& n, const Combo& c) const;
 
@@ -57,9 +63,9 @@ public:
     // all L, each at most min(floor(tau / t), its cap) blocks (kInf: never).
     double least_tau(const std::vector<Group>& gs) const;
     double unit_time(const Combo& c, std::int64_t type, std::int64_t tp, double block_s) const;
-    double unit_bound(const Node& n, const Combo& c) const;
-    double coupled_bound(const Node& n, const Combo& c, double tau_lo,
-                         const std::function<double(double)>& pipe) const;
+    double unit_bound(std::vector<Group> gs) const;
+    double coupled_bound(const Node& n, const Combo& c, const std::vector<Group>& gs,
+                         double tau_lo, const std::function<double(double)>& pipe) const;
     double sync_opt(const Combo& c, double sum_hbm) const;
     double ext_unit_bound(const Node& n, const Combo& c, std::int64_t room) const;
 
