@@ -49,6 +49,10 @@ class Task:
     """No plan of this subproblem has a smaller objective (``inf``: none can be feasible)."""
     payload: Any
     """The caller's own description of the subproblem, handed back to ``solve``."""
+    twin: int | None = None
+    """An earlier task (index) onto whose plans every plan of this one maps at no more cost
+    and no more time (the same offers, each priced no lower and counted no higher): once
+    that one is searched to the end, this one cannot improve on it (docs/search.md)."""
 
 
 @dataclass(slots=True)
@@ -110,6 +114,10 @@ class Scheduler:
     _pending: dict[int, float] = field(default_factory=dict)
     """Bounds of the tasks not settled yet (queued, running or to be retried)."""
     _unprepared: bool = False
+    _floor: dict[int, float] = field(default_factory=dict)
+    """Lower bounds of tasks whose twin was searched to the end (top_k = 1)."""
+    _running: set[int] = field(default_factory=set)
+    _twins: dict[int, list[int]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # ------------------------------------------------------------------ the whole
@@ -121,10 +129,14 @@ class Scheduler:
         with self._lock:
             self._pending = {n: self.tasks[n].bound for n in live}
             self._unprepared = unprepared
+            for n, t in enumerate(self.tasks):
+                if t.twin is not None:
+                    self._twins.setdefault(t.twin, []).append(n)
         self._first_pass(live)
         self._second_pass()
-        open_bounds = ([lb for lb, _ in self._retry
-                        if lb <= self._kth() * (1 - self.gap) * (1 + _EPS)]
+        open_bounds = ([max(lb, self._floor.get(n, lb)) for lb, n in self._retry
+                        if lb <= self._kth() * (1 - self.gap) * (1 + _EPS)
+                        and not self._settled_by_twin(n)]
                        + [0.0] * unprepared)
         complete = not open_bounds
         best = self._found[0][0][0] if self._found else math.inf
@@ -148,6 +160,7 @@ class Scheduler:
         queue = collections.deque(live)
         qlock = threading.Lock()
         begun = [0]  # tasks taken from the queue
+        deferred: set[int] = set()  # put back once behind the others while their twin ran
 
         def work(threads_each: int) -> None:
             while True:
@@ -155,6 +168,12 @@ class Scheduler:
                     if not queue:
                         return
                     n = queue.popleft()
+                    twin = self.tasks[n].twin
+                    if twin is not None and twin in self._running and queue and n not in deferred:
+                        # Its twin's search, under way, will likely settle it: later.
+                        deferred.add(n)
+                        queue.append(n)
+                        continue
                     remaining = len(queue) + 1
                     lead = begun[0] < workers  # among the most promising: one per worker
                     begun[0] += 1
@@ -200,7 +219,8 @@ class Scheduler:
     def _second_pass(self) -> None:
         self._retry.sort()
         for lb, n in self._retry[:]:
-            if self._out_of_time or lb > self._kth() * (1 - self.gap) * (1 + _EPS):
+            if (self._out_of_time or lb > self._kth() * (1 - self.gap) * (1 + _EPS)
+                    or self._settled_by_twin(n)):
                 continue
             if self.stopped():
                 self._out_of_time = True
@@ -226,9 +246,15 @@ class Scheduler:
         k = self._found[self.top_k - 1][0][0] if len(self._found) >= self.top_k else math.inf
         return min(k, self.shared.value) if self.shared is not None else k
 
+    def _settled_by_twin(self, n: int) -> bool:
+        """Its twin was searched to the end: it holds no plan better than the k-th best
+        (ties go to the twin, earlier in the order, as the plans' keys say anyway)."""
+        return self._floor.get(n, -math.inf) >= self._kth() * (1 - self.gap) * (1 - _EPS)
+
     def _cut(self, n: int) -> bool:
         with self._lock:
-            cut = self.tasks[n].bound > self._kth() * (1 - self.gap) * (1 + _EPS)
+            cut = (self.tasks[n].bound > self._kth() * (1 - self.gap) * (1 + _EPS)
+                   or self._settled_by_twin(n))
             if cut:
                 self._counters["pruned_cost"] += 1
                 self._pending.pop(n, None)
@@ -248,10 +274,23 @@ class Scheduler:
     def _run(self, n: int, limit: float | None, threads: int) -> None:
         with self._lock:
             incumbent = self._kth()
-        solved = self.solve(self.tasks[n], limit, threads, incumbent)
+            self._running.add(n)
+        try:
+            solved = self.solve(self.tasks[n], limit, threads, incumbent)
+        finally:
+            with self._lock:
+                self._running.discard(n)
         st = solved.stats
         with self._lock:
             self._searched.add(n)
+            if st.complete and self.top_k == 1:
+                # Its optimum, or at least the incumbent it was searched under: a bound on
+                # every twin of it.
+                floor = min([incumbent, *(key[0] for key, _ in solved.plans)])
+                for x in self._twins.get(n, ()):
+                    self._floor[x] = max(self._floor.get(x, -math.inf), floor)
+                    if x in self._pending:
+                        self._pending[x] = max(self._pending[x], floor)
             for k in self._counters:
                 self._counters[k] += getattr(st, k)
             self._peak = max(self._peak, st.frontier_peak)

@@ -587,7 +587,40 @@ def _tasks(job: Job, table: Table, scope: str, *, by_cost: bool, cut_deadline: b
         if content not in seen:
             seen.add(content)
             tasks.append(task)
+    _find_twins(tasks)
     return tasks, len(prepared), unprepared
+
+
+# What the native search sees of a row, but for its price and count (GpuSpec's fields).
+_SHAPE = ("memory_gb", "memory_bytes", "tflops", "mem_bandwidth_gbs", "intra_node_gbs",
+          "inter_node_gbs", "efficiency", "gpus_per_node", "interruptions_per_hour",
+          "recovery_hours", "block_fwd_scale", "block_bwd_scale", "head_fwd_scale",
+          "head_bwd_scale", "activation_scale")
+
+
+def _find_twins(tasks: list[Task]) -> None:
+    """Mark each task whose rows map one to one onto an earlier task's rows of the same
+    shape (every figure the search uses but price and count), each priced no lower and
+    counted no higher: every plan of it is a plan of the earlier one at no more cost and the
+    same time, so once that one is searched to the end it is settled (Task.twin). The
+    synthetic and real catalogs that repeat a region's offers at higher prices are the
+    case. Subproblems that span locations (transfer prices) are left alone."""
+    by_shape: dict[tuple[Any, ...], list[tuple[int, list[tuple[float, int]]]]] = {}
+    for i, task in enumerate(tasks):
+        sp, specs = task.payload.sp, task.payload.specs
+        if sp.spans:
+            continue
+        keyed = sorted((tuple(getattr(s, f) for f in _SHAPE), s.price_per_hour, s.count)
+                       for s in specs)
+        shape = tuple(k for k, _, _ in keyed)
+        # Rows of one shape pair up cheapest with cheapest (a one-to-one map; enough here).
+        terms = [(price, count) for _, price, count in keyed]
+        group = by_shape.setdefault((sp.crossing, shape), [])
+        for j, other in group:
+            if all(p >= q and c <= k for (p, c), (q, k) in zip(terms, other, strict=True)):
+                task.twin = j
+                break
+        group.append((i, terms))
 
 
 def _search_stats(outcome: Outcome, *, objective: str, subproblems: int, seconds: float,

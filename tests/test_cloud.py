@@ -364,3 +364,44 @@ def test_subproblems_side_by_side_return_the_same_plan() -> None:
         assert (p.dp, p.micro_batch_size) == (first.dp, first.micro_batch_size)
         assert p.estimate.total_usd == first.estimate.total_usd  # type: ignore[union-attr]
         assert r.stats.domain == runs[0].stats.domain
+
+
+def twin_regions(seed: int) -> tuple[es.Job, es.Catalog]:
+    """Region r1's offers (one instance each) repeated in r2 at prices no lower and counts
+    no higher (a twin of r1: settled once r1 is searched), in r3 at prices each up or down
+    and in r4 at prices no lower but more instances (neither a twin: their plans may be the
+    cheapest). Checked: the rule without its price test fails 3 seeds, without its count
+    test 1."""
+    rng = random.Random(seed)
+    model = _tiny_model(f"w{seed}", rng.randint(4, 6))
+    base = es.Catalog.builtin("gpus")
+    offers = []
+    for i in range(rng.randint(2, 3)):
+        g = base[rng.choice(["A100-80GB", "L4", "H100-SXM", "T4"])]
+        n = rng.choice([1, 2])
+        price = round(g.price_per_hour * n * rng.uniform(0.5, 2), 3)
+        count = 1
+        offers.append({"provider": "p", "region": "r1", "instance_type": f"t{i}",
+                       "gpu": g.name, "gpus_per_instance": n, "price_per_hour": price,
+                       "instances": count, "network_gbs": 10})
+        offers.append({**offers[-1], "region": "r2",
+                       "price_per_hour": round(price * rng.choice([1.0, 1.1, 1.3]), 3),
+                       "instances": rng.randint(1, count)})
+        offers.append({**offers[-2], "region": "r3",
+                       "price_per_hour": round(price * rng.uniform(0.7, 1.3), 3)})
+        offers.append({**offers[-3], "region": "r4",
+                       "price_per_hour": round(price * rng.choice([1.0, 1.02]), 3),
+                       "instances": count + rng.randint(1, 2)})
+    return _small_job(rng, model, offers, batch=2, factors=(0.9, 1.2, 2.0, 100.0))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_twin_regions_equal_brute_force(seed: int) -> None:
+    """A region whose offers are another's at prices no lower and counts no higher is
+    settled by that one's search (Task.twin); one with some prices lower is not."""
+    job, cat = twin_regions(seed)
+    _search_vs_brute_force(job, cat)
+    r = es.search(job, cat, max_stages=2, **{**SMALL, "threads": 1})  # type: ignore[arg-type]
+    # r1 comes before r2 (its bound is no higher) and is searched to the end on one
+    # thread: r2 is then cut by its bound or settled by r1, never searched.
+    assert r.stats.subproblems == 4 and r.stats.subproblems_searched <= 3

@@ -1,0 +1,76 @@
+"""The subproblem scheduler on made-up subproblems: what it proves when searches are cut
+short, twins, and the gap it shows while running against the one it returns."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+from espresso.progress import TimeBudget
+from espresso.scheduler import Scheduler, Solved, Task
+
+
+def _stats(*, complete: bool, lower: float) -> Any:
+    return SimpleNamespace(complete=complete, lower_bound=lower, frontier_peak=0, threads=1,
+                           nodes_expanded=1, nodes_generated=1, pruned_cost=0,
+                           pruned_deadline=0, pruned_memory=0, pruned_availability=0,
+                           pruned_dominance=0, leaves_placed=0, placer_nodes=0,
+                           placer_leaves=0, dives=0, combos=1)
+
+
+def _run(tasks: list[Task], results: dict[str, tuple[bool, float, float | None]],
+         **kw: Any) -> tuple[Any, list[str], list[tuple[float, float]]]:
+    """results: name -> (complete, the search's lower bound, its best objective or None)."""
+    searched: list[str] = []
+    live: list[tuple[float, float]] = []
+    sched: Scheduler
+
+    def solve(task: Task, limit: float | None, threads: int, incumbent: float) -> Solved:
+        searched.append(task.payload)
+        complete, lower, best = results[task.payload]
+        plans = [] if best is None or best > incumbent else [((best,), task.payload)]
+        live.append(sched.live())
+        return Solved(stats=_stats(complete=complete, lower=lower), plans=plans)
+
+    sched = Scheduler(tasks=tasks, solve=solve, top_k=1, threads=1, budget=TimeBudget(None),
+                      stopped=lambda: False, **kw)
+    out = sched.run()
+    live.append(sched.live())
+    return out, searched, live
+
+
+def test_a_search_cut_short_keeps_its_task_bound() -> None:
+    """A subproblem whose search stopped before its own bounds rose (lower bound 0) still
+    bounds the whole by its task bound, not by 0 ('gap 100%')."""
+    tasks = [Task(bound=10.0, payload="a"), Task(bound=50.0, payload="b")]
+    out, _, live = _run(tasks, {"a": (True, 100.0, 100.0), "b": (False, 0.0, None)})
+    assert not out.complete
+    assert out.lower_bound == 50.0
+    assert out.gap == (100.0 - 50.0) / 100.0
+    assert live[-1] == (100.0, 50.0)  # the live figures say what the outcome says
+
+
+def test_twin_is_settled_once_its_twin_is_searched_to_the_end() -> None:
+    tasks = [Task(bound=10.0, payload="a"), Task(bound=20.0, payload="b", twin=0),
+             Task(bound=30.0, payload="c")]
+    res = {"a": (True, 200.0, 200.0), "b": (True, 190.0, 190.0), "c": (True, 150.0, 150.0)}
+    out, searched, _ = _run(tasks, res)
+    # b is never searched (its twin a was searched to the end; b's plans cost no less),
+    # c is: it is no twin.
+    assert searched == ["a", "c"] and out.complete
+    assert out.found[0][1] == "c" and out.lower_bound == 150.0
+    # Not settled when the twin's search was cut short.
+    res["a"] = (False, 120.0, 200.0)
+    out, searched, _ = _run(tasks, res)
+    assert "b" in searched
+
+
+def test_gap_cuts_within_it_and_says_so() -> None:
+    tasks = [Task(bound=10.0, payload="a"), Task(bound=97.0, payload="b")]
+    res = {"a": (True, 100.0, 100.0), "b": (True, 96.0, 96.0)}
+    out, searched, _ = _run(tasks, res, gap=0.05)
+    assert searched == ["a"] and out.complete
+    assert math.isclose(out.lower_bound, 95.0) and math.isclose(out.gap, 0.05)
+    out, searched, _ = _run(tasks, res)  # exact: b is searched and wins
+    assert searched == ["a", "b"] and out.found[0][1] == "b" and out.gap == 0.0
