@@ -94,12 +94,12 @@ def jobs(tmp: Path) -> list[tuple[str, list[str]]]:
                         ["--model", m, "--tokens", f"{20 * n:.3g}", "--deadline", "14d", *extra]))
             out.append((f"{m} 1e12/60d{vname}",
                         ["--model", m, "--tokens", "1e12", "--deadline", "60d", *extra]))
-    out += [
-        ("llama2-13b 2.6e11/14d", ["--model", "llama2-13b", "--tokens", "2.6e11", "--deadline", "14d"]),
-        ("llama2-70b 1e11/30d", ["--model", "llama2-70b", "--tokens", "1e11", "--deadline", "30d"]),
-        ("llama3-8b 1.5e12/30d", ["--model", "llama3-8b", "--tokens", "1.5e12", "--deadline", "30d"]),
-        ("llama2-7b budget 2000", ["--model", "llama2-7b", "--tokens", "2e10", "--budget", "2000"]),
-    ]
+    for name, model, tokens, flag, value in (
+            ("llama2-13b 2.6e11/14d", "llama2-13b", "2.6e11", "--deadline", "14d"),
+            ("llama2-70b 1e11/30d", "llama2-70b", "1e11", "--deadline", "30d"),
+            ("llama3-8b 1.5e12/30d", "llama3-8b", "1.5e12", "--deadline", "30d"),
+            ("llama2-7b budget 2000", "llama2-7b", "2e10", "--budget", "2000")):
+        out.append((name, ["--model", model, "--tokens", tokens, flag, value]))
     argv, cat = _gpt530b(tmp)
     out.append(("gpt-530b 2240 x A100", [*argv, "--catalog", str(cat)]))
     proto = ["--model", "open_llama_3b_v2", "--iterations", "1000", "--seq-len", "3000",
@@ -164,7 +164,8 @@ def main() -> None:
                   flush=True)
             if args.out:  # written as it goes: nothing computed is lost
                 Path(args.out).write_text(json.dumps(results, indent=1))
-    lines = ["| job | s | nodes | gap % | answer |" + (" before s | before gap % |" if prev else ""),
+    before = " before s | before gap % |" if prev else ""
+    lines = ["| job | s | nodes | gap % | answer |" + before,
              "|---|---:|---:|---:|---|" + ("---:|---:|" if prev else "")]
     for name, row in results.items():
         p = prev.get(name, {})

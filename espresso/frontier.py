@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -95,12 +96,14 @@ class Frontier:
 
 def frontier(job: Job, catalog: Catalog | None = None, *, max_points: int = 50,
              time_limit_s: float | None = 300.0, progress: SearchProgress | None = None,
+             on_point: Callable[[FrontierPoint], None] | None = None,
              **space: Any) -> Frontier:
     """The cost–deadline frontier of ``job`` (its deadline is ignored) over ``catalog``.
 
     ``max_points`` caps the number of steps; ``time_limit_s`` bounds the whole call (each
     search gets what is left); ``progress`` shows each search and can cancel the call, which
-    then returns the points found so far (``interrupted``); other keywords are
+    then returns the points found so far (``interrupted``); ``on_point`` is called with
+    each point as soon as it is found (from the calling thread); other keywords are
     :func:`espresso.search`'s (the default refinement that interleaves plans after the
     search is off: every point is proven).
     """
@@ -136,6 +139,8 @@ def frontier(job: Job, catalog: Catalog | None = None, *, max_points: int = 50,
                                     up_to=points[-1].hours if points else math.inf,
                                     proven=res.stats.complete))
         complete = complete and res.stats.complete
+        if on_point is not None:
+            on_point(points[-1])
         deadline = hours * (1 - SHRINK)
     else:
         complete = False  # max_points reached: faster plans may remain

@@ -294,8 +294,9 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     ``time_limit_s`` is a wall-clock limit (default 60 s; ``None``: none): the search then
     returns the best plans found so far with ``stats.gap``. ``gap`` (default 0: exact) stops
     it once the best plan is proven within that relative gap, as MIP solvers' relative gap:
-    whatever could improve on the plan by less is cut, and ``stats.gap`` reports it. ``max_gpu_types`` limits the
-    distinct GPU types (catalog rows) of a plan (1: single-type plans). ``progress`` (a
+    whatever could improve on the plan by less is cut, and ``stats.gap`` reports it.
+    ``max_gpu_types`` limits the distinct GPU types (catalog rows) of a plan (1: single-type
+    plans). ``progress`` (a
     :class:`SearchProgress`) is updated while the search runs and can cancel it.
 
     The space: data-parallel degree (any divisor of the global batch), micro-batch size,

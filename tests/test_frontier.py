@@ -90,6 +90,10 @@ def test_cli_frontier(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
                  "builtin:gpus", "--max-points", "3", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "frontier of llama2-7b" in text and "incomplete" in text
+    # Not a terminal: each point is a line as soon as it is found, before the table.
+    lines = [line for line in text.splitlines() if line.startswith("point ")]
+    assert [line.split(":")[0] for line in lines] == ["point 1", "point 2", "point 3"]
+    assert text.index("point 3:") < text.index("frontier of llama2-7b")
     data = json.loads(out.read_text())
     assert data["schema"] == "espresso.frontier/1" and len(data["points"]) == 3
     assert data["points"][0]["up_to_hours"] is None

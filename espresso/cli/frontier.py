@@ -8,7 +8,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from ..frontier import frontier
+from ..frontier import FrontierPoint, frontier
 from ..progress import DEFAULT_TIME_LIMIT_S, SearchProgress, TimeBudget
 from ..units import format_hours as _hours
 from . import _common as c
@@ -30,11 +30,24 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     job = job_from_args(args)
     con = c.console(stderr=args.json == "-")  # `--json -`: the frontier alone on stdout
     progress = SearchProgress()
+    count = [0]
+
+    def found(p: FrontierPoint) -> None:
+        count[0] += 1
+        # Off a terminal (a log, a pipe) each point is a line as soon as it is proven; on
+        # one the status line counts them (its phase is the point being searched).
+        if not con.is_terminal:
+            est = p.plan.estimate
+            assert est is not None
+            con.print(f"point {count[0]}: {_hours(p.hours)}, ${p.usd:,.2f} "
+                      f"({escape(_rented(est))}){'' if p.proven else ' (not proven)'}")
+
     f = c.run_with_progress(
         con, "Searching the frontier (each step is one exact search)",
         lambda: frontier(job, catalog, max_points=args.max_points, time_limit_s=budget.share(),
                          threads=c.threads_arg(con, args.threads), cost_model=_cost_model(args),
-                         progress=progress, engine=args.engine), progress, budget)
+                         progress=progress, engine=args.engine, on_point=found),
+        progress, budget)
     if args.json:  # before anything else can fail
         c.write_json("--json", args.json, f.to_dict(timings=args.stats))
     if not f.points:
