@@ -118,6 +118,8 @@ class Scheduler:
     """Lower bounds of tasks whose twin was searched to the end (top_k = 1)."""
     _running: set[int] = field(default_factory=set)
     _twins: dict[int, list[int]] = field(default_factory=dict)
+    _open: dict[int, float] = field(default_factory=dict)
+    """Lower bounds of the tasks whose last search was cut short."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # ------------------------------------------------------------------ the whole
@@ -177,7 +179,7 @@ class Scheduler:
                     remaining = len(queue) + 1
                     lead = begun[0] < workers  # among the most promising: one per worker
                     begun[0] += 1
-                if self._cut(n):
+                if self._cut(n) or self._behind_twin(n):
                     continue
                 if self.stopped():
                     with self._lock:
@@ -251,6 +253,18 @@ class Scheduler:
         (ties go to the twin, earlier in the order, as the plans' keys say anyway)."""
         return self._floor.get(n, -math.inf) >= self._kth() * (1 - self.gap) * (1 - _EPS)
 
+    def _behind_twin(self, n: int) -> bool:
+        """Its twin's search was cut short: it waits for pass 2, behind its twin (its bound
+        is at least the twin's), where the twin's search may settle it."""
+        twin = self.tasks[n].twin
+        with self._lock:
+            if twin is None or twin not in self._open:
+                return False
+            lb = max(self.tasks[n].bound, self._open[twin])
+            self._retry.append((lb, n))
+            self._pending[n] = lb
+        return True
+
     def _cut(self, n: int) -> bool:
         with self._lock:
             cut = (self.tasks[n].bound > self._kth() * (1 - self.gap) * (1 + _EPS)
@@ -305,8 +319,10 @@ class Scheduler:
                 lb = max(st.lower_bound, self.tasks[n].bound)
                 self._retry.append((lb, n))
                 self._pending[n] = lb
+                self._open[n] = lb
             else:
                 self._pending.pop(n, None)
+                self._open.pop(n, None)
 
 
 def shared_incumbent(top_k: int) -> Any:
