@@ -385,7 +385,9 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     # 1. The subproblems, best bound first.
     tasks, total, unprepared = _tasks(job, table, scope, by_cost=objective == "cost",
                                       cut_deadline=enforce_deadline and opts.prune_deadline,
-                                      stopped=stopped)
+                                      stopped=stopped,
+                                      # the fastest plan without a budget: prices play no part
+                                      by_price=objective == "cost" or budget_usd is not None)
 
     # 2. Their searches, scheduled over the threads with one incumbent.
     shared = shared_incumbent(top_k)
@@ -537,7 +539,7 @@ class _Prepared:
 
 
 def _tasks(job: Job, table: Table, scope: str, *, by_cost: bool, cut_deadline: bool,
-           stopped: Callable[[], bool]) -> tuple[list[Task], int, bool]:
+           stopped: Callable[[], bool], by_price: bool = True) -> tuple[list[Task], int, bool]:
     """The catalog's (domain, vendor) subproblems as tasks, best bound first, those with the
     same content as an earlier one left out; also how many there were, and whether the time
     ran out while they were being prepared (the rest then has no bound but 0)."""
@@ -588,7 +590,7 @@ def _tasks(job: Job, table: Table, scope: str, *, by_cost: bool, cut_deadline: b
         if content not in seen:
             seen.add(content)
             tasks.append(task)
-    _find_twins(tasks)
+    _find_twins(tasks, by_price=by_price)
     return tasks, len(prepared), unprepared
 
 
@@ -599,29 +601,51 @@ _SHAPE = ("memory_gb", "memory_bytes", "tflops", "mem_bandwidth_gbs", "intra_nod
           "head_bwd_scale", "activation_scale")
 
 
-def _find_twins(tasks: list[Task]) -> None:
-    """Mark each task whose rows map one to one onto an earlier task's rows of the same
-    shape (every figure the search uses but price and count), each priced no lower and
-    counted no higher: every plan of it is a plan of the earlier one at no more cost and the
-    same time, so once that one is searched to the end it is settled (Task.twin). The
-    synthetic and real catalogs that repeat a region's offers at higher prices are the
-    case. Subproblems that span locations (transfer prices) are left alone."""
-    by_shape: dict[tuple[Any, ...], list[tuple[int, list[tuple[float, int]]]]] = {}
+# A subproblem's rows by shape: (price, count) of each.
+_Rows = dict[tuple[Any, ...], list[tuple[float, int]]]
+
+
+def _find_twins(tasks: list[Task], *, by_price: bool = True) -> None:
+    """Mark each task whose rows map one to one into an earlier task's rows of the same
+    shape (every figure the search uses but price and count), each onto one priced no lower
+    and counted no lower: every plan of it is a plan of the earlier one at no more cost and
+    the same time, so once that one is searched to the end it is settled (Task.twin). The
+    earlier task may hold more rows (a region that offers a subset of another's). The
+    synthetic and real catalogs that repeat a region's offers at higher prices, or a part
+    of them, are the case. ``by_price=False`` (the fastest plan without a budget, where
+    prices play no part): prices are not compared. Subproblems that span locations
+    (transfer prices) are left alone."""
+    seen: dict[tuple[Any, ...], list[tuple[int, _Rows]]] = {}
     for i, task in enumerate(tasks):
         sp, specs = task.payload.sp, task.payload.specs
         if sp.spans:
             continue
-        keyed = sorted((tuple(getattr(s, f) for f in _SHAPE), s.price_per_hour, s.count)
-                       for s in specs)
-        shape = tuple(k for k, _, _ in keyed)
-        # Rows of one shape pair up cheapest with cheapest (a one-to-one map; enough here).
-        terms = [(price, count) for _, price, count in keyed]
-        group = by_shape.setdefault((sp.crossing, shape), [])
+        rows: _Rows = {}
+        for s in specs:
+            rows.setdefault(tuple(getattr(s, f) for f in _SHAPE), []).append(
+                (s.price_per_hour if by_price else 0.0, s.count))
+        group = seen.setdefault((sp.crossing,), [])
         for j, other in group:
-            if all(p >= q and c <= k for (p, c), (q, k) in zip(terms, other, strict=True)):
+            if all(_maps_into(mine, other.get(shape, [])) for shape, mine in rows.items()):
                 task.twin = j
                 break
-        group.append((i, terms))
+        group.append((i, rows))
+
+
+def _maps_into(mine: list[tuple[float, int]], theirs: list[tuple[float, int]]) -> bool:
+    """Whether each (price, count) of ``mine`` pairs with its own one of ``theirs`` priced no
+    higher and counted no lower (a sufficient test: greedy, dearest first, each taking the
+    dearest fitting row left, then the one with fewest GPUs)."""
+    if len(mine) > len(theirs):
+        return False
+    left = sorted(theirs)
+    for price, count in sorted(mine, reverse=True):
+        fit = [k for k, (q, c) in enumerate(left) if q <= price and c >= count]
+        if not fit:
+            return False
+        best = max(fit, key=lambda k: (left[k][0], -left[k][1]))
+        left.pop(best)
+    return True
 
 
 def _search_stats(outcome: Outcome, *, objective: str, subproblems: int, seconds: float,
