@@ -243,6 +243,19 @@ def _greedy(job: Job, catalog: Catalog, rows: list[GpuType], params: CostParams,
     return None
 
 
+def prototype_source(job: Job, catalog: Catalog, **kw: Any) -> Plan | None:
+    """The paper's prototype planner itself, run from its published source
+    (:mod:`espresso.prototype_source`: ``$ESPRESSO_PROTOTYPE_SRC``, and
+    ``$ESPRESSO_PROTOTYPE_PYTHON`` for the interpreter with its dependencies), its answer
+    estimated by Espresso's cost model. Its own search runs within the time limit."""
+    from .prototype_source import DEFAULT_TIMEOUT_S, run_prototype
+
+    limit = kw.get("time_limit_s", DEFAULT_TIMEOUT_S)
+    params = engine_cost(kw.get("engine", "espresso"), kw.get("cost_model"))
+    return run_prototype(job, catalog, cost_model=params,
+                         timeout_s=DEFAULT_TIMEOUT_S if limit is None else float(limit)).plan
+
+
 BASELINES: dict[str, Baseline] = {b.name: b for b in (
     Baseline("homogeneous-cheapest", "the best plan on a single GPU type (what most users do)",
              homogeneous_cheapest),
@@ -272,3 +285,15 @@ def compare(job: Job, catalog: Catalog, names: tuple[str, ...] | None = None,
     for name in names or tuple(BASELINES):
         out[name] = BASELINES[name].plan(job, catalog, **kw)
     return out
+
+EXTERNAL_BASELINES: dict[str, Baseline] = {b.name: b for b in (
+    Baseline("prototype-source", "the paper's prototype planner run from its source "
+             "(GitHub Espresso111/Espresso), when present", prototype_source),
+)}
+"""Baselines that run code outside this package, when it is present: only by name in a suite
+(``baselines: all`` is :data:`BASELINES`)."""
+
+
+def baseline(name: str) -> Baseline:
+    """A baseline of :data:`BASELINES` or :data:`EXTERNAL_BASELINES` by name."""
+    return BASELINES.get(name) or EXTERNAL_BASELINES[name]

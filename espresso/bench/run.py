@@ -36,7 +36,7 @@ from typing import Any
 
 from .. import _io
 from .. import _validate as v
-from ..baselines import BASELINES, _best
+from ..baselines import _best, baseline
 from ..catalog import Catalog
 from ..errors import EspressoError, SpecError
 from ..plan import Plan
@@ -125,7 +125,7 @@ def run_task(task: Task) -> tuple[dict[str, Any], dict[str, Any] | None]:
             row["found"] = bool(f.points)
         else:
             plan = (_best(job, catalog, **kw) if task.planner == "espresso"
-                    else BASELINES[task.planner].plan(job, catalog, **kw))
+                    else baseline(task.planner).plan(job, catalog, **kw))
             if plan is not None:
                 row.update(_plan_columns(plan))
                 data = plan.to_dict()

@@ -15,7 +15,8 @@ The format (docs/benchmarks.md)::
     models:                       # a preset name or file, or a mapping overriding the axes
       - llama2-7b
       - {model: llama2-70b, tokens: [1e11], deadlines: [60d, 45d]}
-    baselines: all                # or a list of names (espresso.baselines.BASELINES)
+    baselines: all                # or a list of names (espresso.baselines.BASELINES, and
+                                  # EXTERNAL_BASELINES by name only)
     search: {time_limit_s: 60}    # search options for every planner
     frontier: {max_points: 8}     # optional: Espresso's exact frontier per model and catalog
 
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _validate as v
-from ..baselines import BASELINES
+from ..baselines import BASELINES, EXTERNAL_BASELINES
 from ..catalog import Catalog
 from ..cloud.quota import load_quota, max_instances
 from ..engines import ENGINES
@@ -220,7 +221,8 @@ def suite_from_dict(data: Any, *, base: Path | None = None, path: str | None = N
     elif raw_b in (None, "none"):
         baselines = ()
     else:
-        baselines = tuple(v.choice(f"suite.baselines[{i}]", b, BASELINES)
+        baselines = tuple(v.choice(f"suite.baselines[{i}]", b,
+                                   (*BASELINES, *EXTERNAL_BASELINES))
                           for i, b in enumerate(_list("suite.baselines", raw_b)))
     search = dict(v.mapping("suite.search", data.get("search") or {}))
     v.known_keys("suite.search", search, SEARCH_KEYS)
