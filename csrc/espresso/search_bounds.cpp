@@ -82,6 +82,70 @@ double Bounds::bottleneck_bound(const Node& n, const Combo& c) const {
 
 double Bounds::least_tau(const std::vector<Group>& gs) const {
     const std::int64_t L = model_.num_layers;
+    auto fit = [](double tau, const Group& g) {
+        return std::min<std::int64_t>(
+            g.cap, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / g.t * (1 + 1e-12)))));
+    };
+    // The answer is the least value k t_g (some group g, 1 <= k <= its cap) at which every
+    // group fits a block and together they hold L (feasibility only grows with tau). Below
+    // it lies the continuous answer: the least tau with sum_g c_g min(cap_g, tau / t_g) >= L
+    // (water-filling: groups saturate at cap_g t_g), and the slowest group's one block. From
+    // a little below the larger of the two, walk the values k t_g upwards: each step adds one
+    // block to some group, and the floors lose less than one block per stage, so the walk
+    // is short (at most the stages' number of steps, as a rule).
+    if (gs.empty()) return kInf;
+    std::vector<std::pair<double, std::size_t>> sat;  // (tau at which g saturates, g)
+    sat.reserve(gs.size());
+    double t_max = 0, rate = 0, total = 0;
+    for (std::size_t j = 0; j < gs.size(); ++j) {
+        const Group& g = gs[j];
+        const std::int64_t top = std::min(g.cap, L);
+        if (top < 1 || !(g.t > 0) || !std::isfinite(g.t)) return least_tau_bisect(gs);
+        t_max = std::max(t_max, g.t);
+        rate += d(g.count) / g.t;
+        total += d(g.count) * d(top);
+        sat.emplace_back(d(top) * g.t, j);
+    }
+    if (total < d(L)) return kInf;  // not even every group at its cap holds the model
+    std::sort(sat.begin(), sat.end());
+    double fixed = 0, cont = kInf;
+    for (const auto& [s, j] : sat) {
+        const double tau = (d(L) - fixed) / rate;
+        if (tau <= s) {
+            cont = tau;
+            break;
+        }
+        fixed += d(gs[j].count) * d(std::min(gs[j].cap, L));
+        rate -= d(gs[j].count) / gs[j].t;
+    }
+    if (!std::isfinite(cont)) cont = sat.back().first;  // rounding: all saturate at the top
+    double tau = std::max(t_max, cont) * (1 - 1e-9);
+    for (std::size_t step = 0; step < 4 * static_cast<std::size_t>(L) * gs.size() + 64; ++step) {
+        // The least value k t_g above tau, over the groups with room left.
+        double next = kInf;
+        for (const Group& g : gs) {
+            const std::int64_t top = std::min(g.cap, L);
+            auto k = static_cast<std::int64_t>(std::min(1e18, std::floor(tau / g.t))) + 1;
+            if (k > 1 && d(k - 1) * g.t > tau) --k;
+            while (d(k) * g.t <= tau) ++k;
+            if (k <= top) next = std::min(next, d(k) * g.t);
+        }
+        if (!std::isfinite(next)) return kInf;
+        std::int64_t held = 0;
+        bool each = true;
+        for (const Group& g : gs) {
+            const std::int64_t f = fit(next, g);
+            each = each && f >= 1;
+            held += f * g.count;
+        }
+        if (each && held >= L) return next * (1 - 1e-12);
+        tau = next;
+    }
+    return least_tau_bisect(gs);  // not reached in practice: the exhaustive answer
+}
+
+double Bounds::least_tau_bisect(const std::vector<Group>& gs) const {
+    const std::int64_t L = model_.num_layers;
     auto feasible = [&](double tau) {
         std::int64_t total = 0;
         for (const Group& g : gs) {

@@ -62,6 +62,8 @@ public:
     // The least tau at which every group's stages take at least one block and together
     // all L, each at most min(floor(tau / t), its cap) blocks (kInf: never).
     double least_tau(const std::vector<Group>& gs) const;
+    // The same by bisection over each group's values (the reference least_tau() falls back to).
+    double least_tau_bisect(const std::vector<Group>& gs) const;
     double unit_time(const Combo& c, std::int64_t type, std::int64_t tp, double block_s) const;
     double unit_bound(std::vector<Group> gs) const;
     double coupled_bound(const Node& n, const Combo& c, const std::vector<Group>& gs,
