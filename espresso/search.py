@@ -615,7 +615,10 @@ def _find_twins(tasks: list[Task], *, by_price: bool = True) -> None:
     of them, are the case. ``by_price=False`` (the fastest plan without a budget, where
     prices play no part): prices are not compared. Subproblems that span locations
     (transfer prices) are left alone."""
-    seen: dict[tuple[Any, ...], list[tuple[int, _Rows]]] = {}
+    rows_of: dict[int, _Rows] = {}
+    # earlier tasks by (crossing, shape) that they offer, in order: the candidates of a task
+    # are those offering its rarest shape
+    having: dict[tuple[Any, ...], list[int]] = {}
     for i, task in enumerate(tasks):
         sp, specs = task.payload.sp, task.payload.specs
         if sp.spans:
@@ -624,12 +627,18 @@ def _find_twins(tasks: list[Task], *, by_price: bool = True) -> None:
         for s in specs:
             rows.setdefault(tuple(getattr(s, f) for f in _SHAPE), []).append(
                 (s.price_per_hour if by_price else 0.0, s.count))
-        group = seen.setdefault((sp.crossing,), [])
-        for j, other in group:
-            if all(_maps_into(mine, other.get(shape, [])) for shape, mine in rows.items()):
-                task.twin = j
-                break
-        group.append((i, rows))
+        keys = [(sp.crossing, shape) for shape in rows]
+        if keys:
+            rarest = min(keys, key=lambda k: len(having.get(k, ())))
+            for j in having.get(rarest, ()):
+                other = rows_of[j]
+                if all(shape in other and _maps_into(mine, other[shape])
+                       for shape, mine in rows.items()):
+                    task.twin = j
+                    break
+        rows_of[i] = rows
+        for k in keys:
+            having.setdefault(k, []).append(i)
 
 
 def _maps_into(mine: list[tuple[float, int]], theirs: list[tuple[float, int]]) -> bool:
