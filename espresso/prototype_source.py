@@ -142,6 +142,7 @@ def prototype_input(job: Job, catalog: Catalog, source: Path, *,
              "peak_fp16_TFLOPS": g.bf16_tflops} for theirs, g in rows.items()]
     m = job.model
     name = m.name
+    max_seq_len = max(job.seq_len, m.position_embeddings or 0)
     if not (source / _MODEL_CONFIGS / f"{name}.json").exists():
         # llm-analysis reads a model config from a JSON file named in place of the model
         path = (work_dir or Path(tempfile.gettempdir())) / f"espresso-model-{name}.json"
@@ -149,16 +150,15 @@ def prototype_input(job: Job, catalog: Catalog, source: Path, *,
         path.write_text(json.dumps({
             "name": name, "num_layers": m.num_layers, "n_head": m.num_heads,
             "hidden_dim": m.hidden_size, "vocab_size": m.vocab_size,
-            "max_seq_len": max(job.seq_len, m.position_embeddings or 0),
-            "num_key_value_heads": m.num_kv_heads or m.num_heads, "ffn_embed_dim": ffn,
-            "expansion_ratio": ffn / m.hidden_size}), encoding="utf-8")
+            "max_seq_len": max_seq_len, "num_key_value_heads": m.num_kv_heads or m.num_heads,
+            "ffn_embed_dim": ffn, "expansion_ratio": ffn / m.hidden_size}), encoding="utf-8")
         name = str(path)
     model = {"model_name": name, "gradient_accumulation_steps": micro_batches,
              "seq_len": job.seq_len, "slo": job.deadline_hours * 3600.0 / job.num_iterations,
              "model_layer": m.num_layers, "global_batch_size": job.global_batch_size,
              "dp_size": 1, "tp_size": 1, "num_layers": m.num_layers, "n_head": m.num_heads,
              "hidden_dim": m.hidden_size, "vocab_size": m.vocab_size,
-             "max_seq_len": max(job.seq_len, m.position_embeddings or 0)}
+             "max_seq_len": max_seq_len}
     spec = {"source": str(source), "gpus": gpus, "limits": [g.count for g in rows.values()],
             "model": model}
     return PrototypeInput(spec=spec, rows=rows, skipped=tuple(skipped))

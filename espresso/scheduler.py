@@ -137,7 +137,7 @@ class Scheduler:
         self._first_pass(live)
         self._second_pass()
         open_bounds = ([max(lb, self._floor.get(n, lb)) for lb, n in self._retry
-                        if lb <= self._kth() * (1 - self.gap) * (1 + _EPS)
+                        if lb <= self._target() * (1 + _EPS)
                         and not self._settled_by_twin(n)]
                        + [0.0] * unprepared)
         complete = not open_bounds
@@ -221,7 +221,7 @@ class Scheduler:
     def _second_pass(self) -> None:
         self._retry.sort()
         for lb, n in self._retry[:]:
-            if (self._out_of_time or lb > self._kth() * (1 - self.gap) * (1 + _EPS)
+            if (self._out_of_time or lb > self._target() * (1 + _EPS)
                     or self._settled_by_twin(n)):
                 continue
             if self.stopped():
@@ -248,10 +248,15 @@ class Scheduler:
         k = self._found[self.top_k - 1][0][0] if len(self._found) >= self.top_k else math.inf
         return min(k, self.shared.value) if self.shared is not None else k
 
+    def _target(self) -> float:
+        """What a task's bound must be below to be worth a search: the k-th best objective,
+        less the gap."""
+        return self._kth() * (1 - self.gap)
+
     def _settled_by_twin(self, n: int) -> bool:
         """Its twin was searched to the end: it holds no plan better than the k-th best
         (ties go to the twin, earlier in the order, as the plans' keys say anyway)."""
-        return self._floor.get(n, -math.inf) >= self._kth() * (1 - self.gap) * (1 - _EPS)
+        return self._floor.get(n, -math.inf) >= self._target() * (1 - _EPS)
 
     def _behind_twin(self, n: int) -> bool:
         """Its twin's search was cut short: it waits for pass 2, behind its twin (its bound
@@ -267,7 +272,7 @@ class Scheduler:
 
     def _cut(self, n: int) -> bool:
         with self._lock:
-            cut = (self.tasks[n].bound > self._kth() * (1 - self.gap) * (1 + _EPS)
+            cut = (self.tasks[n].bound > self._target() * (1 + _EPS)
                    or self._settled_by_twin(n))
             if cut:
                 self._counters["pruned_cost"] += 1

@@ -647,7 +647,7 @@ def _maps_into(mine: list[tuple[float, int]], theirs: list[tuple[float, int]]) -
     dearest fitting row left, then the one with fewest GPUs)."""
     if len(mine) > len(theirs):
         return False
-    left = sorted(theirs)
+    left = list(theirs)
     for price, count in sorted(mine, reverse=True):
         fit = [k for k, (q, c) in enumerate(left) if q <= price and c >= count]
         if not fit:

@@ -12,6 +12,18 @@
 
 namespace espresso::search_detail {
 
+namespace {
+
+// Whole blocks of time t each that fit in tau, at most cap (the relative slack keeps a
+// tau computed as k t from rounding down to k - 1).
+std::int64_t blocks_within(double tau, double t, std::int64_t cap) {
+    if (tau <= 0) return 0;
+    return std::min<std::int64_t>(
+        cap, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / t * (1 + 1e-12)))));
+}
+
+}  // namespace
+
 // The most work per second a pipeline of the node's stages can do: no plan of the node runs
 // faster than this rate (own_bound() and the completion bounds build on it).
 // The pipeline cannot use all of its rate: with P stages and M micro-batches, the fill
@@ -82,10 +94,6 @@ double Bounds::bottleneck_bound(const Node& n, const Combo& c) const {
 
 double Bounds::least_tau(const std::vector<Group>& gs) const {
     const std::int64_t L = model_.num_layers;
-    auto fit = [](double tau, const Group& g) {
-        return std::min<std::int64_t>(
-            g.cap, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / g.t * (1 + 1e-12)))));
-    };
     // The answer is the least value k t_g (some group g, 1 <= k <= its cap) at which every
     // group fits a block and together they hold L (feasibility only grows with tau). Below
     // it lies the continuous answer: the least tau with sum_g c_g min(cap_g, tau / t_g) >= L
@@ -94,47 +102,46 @@ double Bounds::least_tau(const std::vector<Group>& gs) const {
     // block to some group, and the floors lose less than one block per stage, so the walk
     // is short (at most the stages' number of steps, as a rule).
     if (gs.empty()) return kInf;
-    std::vector<std::pair<double, std::size_t>> sat;  // (tau at which g saturates, g)
-    sat.reserve(gs.size());
-    double t_max = 0, rate = 0, total = 0;
-    for (std::size_t j = 0; j < gs.size(); ++j) {
-        const Group& g = gs[j];
+    double t_max = 0, total = 0;
+    for (const Group& g : gs) {
         const std::int64_t top = std::min(g.cap, L);
         if (top < 1 || !(g.t > 0) || !std::isfinite(g.t)) return least_tau_bisect(gs);
         t_max = std::max(t_max, g.t);
-        rate += d(g.count) / g.t;
         total += d(g.count) * d(top);
-        sat.emplace_back(d(top) * g.t, j);
     }
     if (total < d(L)) return kInf;  // not even every group at its cap holds the model
-    std::sort(sat.begin(), sat.end());
-    double fixed = 0, cont = kInf;
-    for (const auto& [s, j] : sat) {
-        const double tau = (d(L) - fixed) / rate;
-        if (tau <= s) {
-            cont = tau;
-            break;
+    // Water-filling as a fixed point: the groups saturated below the current value hold
+    // their caps, the others take tau / t_g; each round's value stays at most the answer
+    // (only groups saturated at the answer are capped) and grows until no group saturates
+    // anew (at most one round per group).
+    double cont = 0;
+    for (std::size_t round = 0; round <= gs.size(); ++round) {
+        double fixed = 0, rate = 0;
+        for (const Group& g : gs) {
+            const double top = d(std::min(g.cap, L));
+            if (top * g.t < cont) fixed += d(g.count) * top;
+            else rate += d(g.count) / g.t;
         }
-        fixed += d(gs[j].count) * d(std::min(gs[j].cap, L));
-        rate -= d(gs[j].count) / gs[j].t;
+        if (!(rate > 0)) break;  // every group saturated below cont: cont is the answer
+        const double next = (d(L) - fixed) / rate;
+        if (!(next > cont)) break;
+        cont = next;
     }
-    if (!std::isfinite(cont)) cont = sat.back().first;  // rounding: all saturate at the top
     double tau = std::max(t_max, cont) * (1 - 1e-9);
     for (std::size_t step = 0; step < 4 * static_cast<std::size_t>(L) * gs.size() + 64; ++step) {
         // The least value k t_g above tau, over the groups with room left.
         double next = kInf;
         for (const Group& g : gs) {
-            const std::int64_t top = std::min(g.cap, L);
             auto k = static_cast<std::int64_t>(std::min(1e18, std::floor(tau / g.t))) + 1;
             if (k > 1 && d(k - 1) * g.t > tau) --k;
             while (d(k) * g.t <= tau) ++k;
-            if (k <= top) next = std::min(next, d(k) * g.t);
+            if (k <= std::min(g.cap, L)) next = std::min(next, d(k) * g.t);
         }
         if (!std::isfinite(next)) return kInf;
         std::int64_t held = 0;
         bool each = true;
         for (const Group& g : gs) {
-            const std::int64_t f = fit(next, g);
+            const std::int64_t f = blocks_within(next, g.t, g.cap);
             each = each && f >= 1;
             held += f * g.count;
         }
@@ -149,8 +156,7 @@ double Bounds::least_tau_bisect(const std::vector<Group>& gs) const {
     auto feasible = [&](double tau) {
         std::int64_t total = 0;
         for (const Group& g : gs) {
-            const auto fit = std::min<std::int64_t>(
-                g.cap, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / g.t * (1 + 1e-12)))));
+            const std::int64_t fit = blocks_within(tau, g.t, g.cap);
             if (fit < 1) return false;
             total += fit * g.count;
         }
@@ -240,14 +246,10 @@ double Bounds::ext_unit_bound(const Node& n, const Combo& c, std::int64_t room) 
     }
     if (ext.empty() || room < 1) return kInf;
     std::vector<std::pair<std::int64_t, std::int64_t>> vals;
-    auto fits = [](double T, double u, std::int64_t cap) -> std::int64_t {
-        return std::min<std::int64_t>(
-            cap, static_cast<std::int64_t>(std::min(1e18, std::floor(T / u * (1 + 1e-12)))));
-    };
     auto feasible = [&](double T) {
         std::int64_t total = 0;
         for (const Group& g : own) {
-            const std::int64_t f = fits(T, g.unit, g.cap);
+            const std::int64_t f = blocks_within(T, g.unit, g.cap);
             if (f < 1) return false;
             total += f * g.count;
         }
@@ -255,7 +257,7 @@ double Bounds::ext_unit_bound(const Node& n, const Combo& c, std::int64_t room) 
         for (const Combo::Option* o : ext) {
             std::int64_t v = 0;
             for (std::size_t wi = 0; wi < o->widths.size(); ++wi) {
-                v = std::max(v, fits(T, o->unit[wi], o->widths[wi].second));
+                v = std::max(v, blocks_within(T, o->unit[wi], o->widths[wi].second));
             }
             if (v >= 1) vals.emplace_back(v, std::min(o->avail, room));
         }
@@ -492,8 +494,7 @@ double Bounds::coupled_bound(const Node& n, const Combo& c, const std::vector<Gr
     std::vector<Group> sg = gs;
     auto sigma = [&](double tau, const std::vector<double>& a) {
         for (std::size_t j = 0; j < gs.size(); ++j) {
-            sg[j].cap = std::min<std::int64_t>(
-                gs[j].cap, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / gs[j].t * (1 + 1e-12)))));
+            sg[j].cap = blocks_within(tau, gs[j].t, gs[j].cap);
             sg[j].t = a[j];
         }
         return least_tau(sg);
@@ -652,21 +653,16 @@ double Bounds::ext_time_bound(const Node& n, const Combo& c, double target) cons
     }
     if (ext.empty()) return kInf;
     std::vector<std::pair<std::int64_t, std::int64_t>> vals;  // (blocks, stages)
-    auto fits = [](double tau, double t, std::int64_t cap) -> std::int64_t {
-        if (tau <= 0) return 0;
-        return std::min<std::int64_t>(
-            cap, static_cast<std::int64_t>(std::min(1e18, std::floor(tau / t * (1 + 1e-12)))));
-    };
     // As in the node's own bound, one stage also runs the LM head; which one is free in
     // this relaxation, so the blocks fall by the least loss over every candidate stage.
     auto feasible = [&](double tau, bool head) {
         std::int64_t total = 0, loss = head ? std::numeric_limits<std::int64_t>::max() : 0;
         for (const Group& g : own) {
-            const std::int64_t fit = fits(tau, g.t, g.cap);
+            const std::int64_t fit = blocks_within(tau, g.t, g.cap);
             if (fit < 1) return false;
             total += fit * g.count;
             if (head) {
-                const std::int64_t fit_h = fits(tau - g.head, g.t, g.cap);
+                const std::int64_t fit_h = blocks_within(tau - g.head, g.t, g.cap);
                 if (fit_h >= 1) loss = std::min(loss, fit - fit_h);
             }
         }
@@ -675,8 +671,8 @@ double Bounds::ext_time_bound(const Node& n, const Combo& c, double target) cons
             std::int64_t v = 0, v_h = 0;
             for (std::size_t wi = 0; wi < o->widths.size(); ++wi) {
                 const auto& [bt, cap] = o->widths[wi];
-                v = std::max(v, fits(tau, bt, cap));
-                if (head) v_h = std::max(v_h, fits(tau - o->head[wi], bt, cap));
+                v = std::max(v, blocks_within(tau, bt, cap));
+                if (head) v_h = std::max(v_h, blocks_within(tau - o->head[wi], bt, cap));
             }
             if (v >= 1) vals.emplace_back(v, std::min(o->avail, room));
             if (head && v_h >= 1) loss = std::min(loss, v - v_h);
