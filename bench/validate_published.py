@@ -122,7 +122,7 @@ def build(run: dict[str, Any], data: dict[str, Any]) -> tuple[es.Plan, es.Catalo
         msg = f"run {run['id']}: layers {counts} sum to {start}, not {model.num_layers}"
         raise ValueError(msg)
     job = es.Job(model=model, seq_len=run["seq_len"], global_batch_size=run["global_batch"],
-                 iterations=1, deadline_hours=1e9)
+                 iterations=1, deadline_hours=1e9, optimizer=run.get("optimizer", "adam"))
     mb = run["micro_batch"]
     plan = es.Plan(job=job, stages=tuple(es.Stage(gpu=run["gpu"], tp=tp, layers=b)
                                         for b in bounds),

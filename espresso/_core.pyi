@@ -85,6 +85,8 @@ class CostParams:
     short_1f1b_as_gpipe: bool
     optimizer_transient_bytes_per_param: float
     unfused_fp32_copies: bool
+    kept_last_buffers: int
+    blas_workspace_mib: float
     reserved_gb: float
     memory_reserve_fraction: float
     link_efficiency: float

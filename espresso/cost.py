@@ -94,6 +94,18 @@ class CostParams:
     (``x.to(float32).pow(2)``), and a rotary embedding computed in fp32 keeps fp32 copies of
     Q and K (CoLLiE's ``RMSNormalize`` and ``RotaryPositionEmbedding``); off: fused kernels,
     Korthikanti et al.'s count."""
+    kept_last_buffers: int = 0
+    """Pipe buffers the last stage never frees, each keeping the last micro-batch it ran: its
+    bf16 logits and three hidden-state tensors (the input's copy and what the output dict
+    carries), through the optimizer step and the next forward. DeepSpeed's pipeline engine:
+    2 (its ``_exec_backward_pass`` returns on the last stage before releasing its buffers;
+    ``TrainSchedule.num_pipe_buffers`` gives it ``max(2, min(P - i, M))``); 0: freed after
+    the backward (Megatron-LM, ``torch.distributed.pipelining``)."""
+    blas_workspace_mib: float = 0.0
+    """The cuBLAS workspace PyTorch takes from its caching allocator on the first matmul of a
+    stream and keeps for the run (it counts in ``max_memory_allocated``): 32 MiB on Hopper,
+    8.125 MiB (``:4096:2:16:8``) before it, since PyTorch 2.0 (pytorch/pytorch#89027,
+    #91564). 0 leaves it out (a CPU run)."""
     short_1f1b_as_gpipe: bool = True
     """Memory of a 1F1B plan with fewer micro-batches than stages: held as GPipe holds it (all
     ``M`` on every stage), as espresso's runner runs such a plan (PyTorch's 1F1B needs a
@@ -125,6 +137,8 @@ class CostParams:
             val = getattr(self, f.name)
             if f.type in ("bool", bool):
                 v.boolean(f"cost_model.{f.name}", val)
+            elif f.type in ("int", int):
+                object.__setattr__(self, f.name, v.integer(f"cost_model.{f.name}", val, minimum=0))
             else:
                 object.__setattr__(self, f.name, v.number(f"cost_model.{f.name}", val))
         try:

@@ -16,6 +16,7 @@ OPTIMIZER_STATE_BYTES = {
     "adam": 12.0,  # fp32 master weights + Adam m and v
     "adamw": 12.0,
     "sgd": 8.0,  # fp32 master weights + momentum
+    "adam-bf16": 6.0,  # bf16 parameter copy + bf16 Adam m and v (bf16 optimizer states)
 }
 """Optimizer-state bytes per parameter under bf16 mixed precision."""
 

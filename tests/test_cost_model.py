@@ -220,12 +220,15 @@ def test_zero1_and_fp32_grads(tiny_job: es.Job, tiny_catalog: es.Catalog) -> Non
     assert g4.grads_gb == pytest.approx(plain.grads_gb * 2)
 
 
-def test_sgd_optimizer_bytes(tiny_model: es.ModelSpec, tiny_catalog: es.Catalog) -> None:
+@pytest.mark.parametrize(("optimizer", "nbytes"), [("sgd", 8), ("adam-bf16", 6), ("adam", 12)])
+def test_optimizer_bytes(tiny_model: es.ModelSpec, tiny_catalog: es.Catalog, optimizer: str,
+                         nbytes: int) -> None:
     job = es.Job(model=tiny_model, seq_len=8, global_batch_size=4, iterations=1,
-                 deadline_hours=1, optimizer="sgd")
+                 deadline_hours=1, optimizer=optimizer)
     st = es.estimate(make_plan(job, [("X", 1, 0, 4)], num_microbatches=4), tiny_catalog).stages[0]
     params = 4 * BLOCK_PARAMS + 6400 + 6400 + 64
-    assert st.optimizer_gb * 1e9 == pytest.approx(params * 8)
+    assert st.optimizer_gb * 1e9 == pytest.approx(params * nbytes)
+    assert es.Job.from_dict(job.to_dict()).optimizer == optimizer
 
 
 def test_mfu_is_model_flops_over_peak(tiny_job: es.Job, tiny_catalog: es.Catalog,

@@ -125,10 +125,12 @@ def test_memory_terms_match_the_runner_modules(hidden: int, ffn: int, vocab: int
     prof = profile_model(model, gpu="L4", seq_len=SEQ, micro_batch_size=MB,
                          dtype=torch.bfloat16, warmup=0, repeats=1)
     # The profile's optimizer step counts fp32 parameters (4 bytes of intermediates each);
-    # these modules hold bf16 ones, so 2.
+    # these modules hold bf16 ones, so 2. A CPU run has no cuBLAS workspace.
     profile = profile_constants("torch-native")
     assert profile["optimizer_transient_bytes_per_param"] == 4
-    cost = es.CostParams(**{**profile, "optimizer_transient_bytes_per_param": 2})
+    assert profile["blas_workspace_mib"] == 32
+    cost = es.CostParams(**{**profile, "optimizer_transient_bytes_per_param": 2,
+                            "blas_workspace_mib": 0})
     assert cost.stash_stage_io and cost.loss_bytes_per_logit == 14
     est = estimate(model, cost, recompute, {"L4": prof})
     for i, st in enumerate(est.stages):
@@ -198,5 +200,33 @@ def test_receive_buffers_are_kept_through_the_optimizer_step(per_microbatch: boo
     for i, st in enumerate(big.stages):
         params = st.weights_gb * 1e9 / 2  # bf16 weights
         states = (st.weights_gb + st.grads_gb + st.optimizer_gb) * 1e9
-        buffers = n * hidden * ((i > 0) + (i < STAGES - 1))
+        buffers = n * hidden * ((i > 0) + (i < STAGES - 1)) + base.blas_workspace_mib * 2**20
         assert st.memory_gb * 1e9 == pytest.approx(states + buffers + 1e3 * params, rel=1e-9)
+
+
+def test_kept_last_buffers_and_the_blas_workspace_stay_through_the_step() -> None:
+    """DeepSpeed's last stage keeps its pipe buffers (each: the bf16 logits and three hidden
+    states of the last micro-batch it ran), at most one per micro-batch; the cuBLAS workspace
+    is held on every stage. Both stay while the optimizer step allocates its intermediates."""
+    model = spec(128, 344, 500)
+    base = es.CostParams(**{**profile_constants("megatron"), "blas_workspace_mib": 0})
+    hidden = SEQ * MB * model.hidden_size * 2
+    logits = SEQ * MB * model.vocab_size * 2
+    plain = estimate(model, base)
+    for kept, held in [(1, 1), (2, 2), (MICROBATCHES + 3, MICROBATCHES)]:
+        est = estimate(model, es.CostParams(**{**base.to_dict(), "kept_last_buffers": kept,
+                                               "blas_workspace_mib": 8.125}))
+        for i, (a, b) in enumerate(zip(plain.stages, est.stages, strict=True)):
+            extra = 8.125 * 2**20 + (held * (logits + 3 * hidden) if i == STAGES - 1 else 0)
+            assert (b.activations_gb - a.activations_gb) * 1e9 == pytest.approx(extra, abs=1.0)
+    big = estimate(model, es.CostParams(**{**base.to_dict(), "kept_last_buffers": 2,
+                                           "optimizer_transient_bytes_per_param": 1e3}))
+    last = big.stages[-1]
+    states = (last.weights_gb + last.grads_gb + last.optimizer_gb) * 1e9
+    step = 1e3 * last.weights_gb * 1e9 / 2
+    assert last.memory_gb * 1e9 == pytest.approx(states + 2 * (logits + 3 * hidden) + step,
+                                                  rel=1e-9)
+    with pytest.raises(es.SpecError, match="kept_last_buffers"):
+        es.CostParams(kept_last_buffers=-1)
+    with pytest.raises(es.SpecError, match="blas_workspace_mib"):
+        es.CostParams(blas_workspace_mib=float("inf"))

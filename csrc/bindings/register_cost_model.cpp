@@ -91,6 +91,8 @@ void register_cost_model(py::module_& m) {
         .def_readwrite("recv_buffers_per_microbatch", &CostParams::recv_buffers_per_microbatch)
         .def_readwrite("short_1f1b_as_gpipe", &CostParams::short_1f1b_as_gpipe)
         .def_readwrite("unfused_fp32_copies", &CostParams::unfused_fp32_copies)
+        .def_readwrite("kept_last_buffers", &CostParams::kept_last_buffers)
+        .def_readwrite("blas_workspace_mib", &CostParams::blas_workspace_mib)
         .def_readwrite("optimizer_transient_bytes_per_param",
                        &CostParams::optimizer_transient_bytes_per_param)
         .def_readwrite("reserved_gb", &CostParams::reserved_gb)

@@ -243,6 +243,11 @@ void validate(const CostParams& p) {
     check_bytes("cost_model.loss_bytes_per_logit", p.loss_bytes_per_logit, true);
     check_bytes("cost_model.optimizer_transient_bytes_per_param",
                 p.optimizer_transient_bytes_per_param, true);
+    check_int("cost_model.kept_last_buffers", p.kept_last_buffers, 0, 1024);
+    if (!std::isfinite(p.blas_workspace_mib) || p.blas_workspace_mib < 0 ||
+        p.blas_workspace_mib > 1024) {
+        bad("cost_model.blas_workspace_mib", p.blas_workspace_mib, "in [0, 1024] MiB");
+    }
     check_nonneg("cost_model.reserved_gb", p.reserved_gb);
     if (!std::isfinite(p.memory_reserve_fraction) || p.memory_reserve_fraction < 0 ||
         p.memory_reserve_fraction >= 1) {
@@ -400,6 +405,22 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     const double directions = (first ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
     const double buffers = params.recv_buffers_per_microbatch ? d(work.num_microbatches) : 1.0;
     e.recv_buffer_bytes = params.persistent_recv_buffers ? directions * buffers * st.hidden : 0.0;
+    // DeepSpeed's pipeline engine never frees the last stage's pipe buffers: its
+    // _exec_backward_pass returns before releasing them there, so each of its buffers
+    // (TrainSchedule: max(2, min(P - i, M)), 2 on the last stage) keeps the last micro-batch
+    // it ran: the bf16 logits and three hidden-state tensors (the input's copy and what the
+    // output dict carries; the prototype's traces, docs/cost-model.md). Held through the
+    // optimizer step and the next forward.
+    if (last && params.kept_last_buffers > 0) {
+        const double kept = d(std::min<std::int64_t>(params.kept_last_buffers,
+                                                      work.num_microbatches));
+        e.recv_buffer_bytes += kept * (d(s) * d(b) * d(model.vocab_size) / td *
+                                           params.bytes_per_activation +
+                                       3.0 * st.hidden);
+    }
+    // The cuBLAS workspace PyTorch takes from its caching allocator on the first matmul of a
+    // stream and keeps (it counts in max_memory_allocated).
+    e.recv_buffer_bytes += params.blas_workspace_mib * 1048576.0;
     e.activation_bytes =
         d(e.in_flight) * (L * st.kept + io * st.output + ids - in_buffer) + e.recv_buffer_bytes;
     // One thing works at a time in the backward: the loss over the logits (last stage), then

@@ -92,6 +92,8 @@ struct CostParams {
     bool short_1f1b_as_gpipe = true;          // 1F1B with fewer micro-batches than stages: GPipe
     double optimizer_transient_bytes_per_param = 0.0;  // the optimizer step's intermediates
     bool unfused_fp32_copies = false;         // norms and rotary keep fp32 copies (HF-style)
+    std::int64_t kept_last_buffers = 0;       // last stage's pipe buffers never freed (DeepSpeed: 2)
+    double blas_workspace_mib = 0.0;          // cuBLAS workspace from the caching allocator
     double reserved_gb = 1.5;                 // CUDA context, NCCL buffers
     double memory_reserve_fraction = 0.05;    // allocator fragmentation
     double link_efficiency = 0.8;             // achieved fraction of link bandwidth
@@ -172,7 +174,8 @@ struct StageEstimate {
                                   // excess over the activations (it runs once they are freed)
     double memory_bytes = 0;      // sum of the above
     double step_bytes = 0;        // the optimizer step's intermediates per GPU
-    double recv_buffer_bytes = 0; // receive buffers kept for the run (in activation_bytes)
+    double recv_buffer_bytes = 0; // buffers kept for the run (in activation_bytes): receive
+                                  // buffers, kept pipe buffers, the BLAS workspace
     double capacity_bytes = 0;    // usable after head-room
     std::int64_t in_flight = 0;   // micro-batches whose activations are held
     double send_s = 0;            // activation transfer to the next stage (0 for last)

@@ -105,6 +105,9 @@ int main(int argc, char** argv) {
         p.recv_buffers_per_microbatch = rng() % 2;
         p.short_1f1b_as_gpipe = rng() % 2;
         p.unfused_fp32_copies = rng() % 2;
+        p.kept_last_buffers = hostile ? static_cast<std::int64_t>(rng() % 8) - 2
+                                      : static_cast<std::int64_t>(rng() % 3);
+        if (rng() % 2) p.blas_workspace_mib = hostile ? any_double() : 32.0;
         if (rng() % 2) p.optimizer_transient_bytes_per_param = hostile ? any_double() : 4.0;
         if (hostile && rng() % 4 == 0) p.loss_bytes_per_logit = any_double();
         if (hostile && rng() % 4 == 0) p.sustained_fraction = any_double();

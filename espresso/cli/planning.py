@@ -394,7 +394,9 @@ def add_job_args(p: argparse.ArgumentParser, *, deadline: bool) -> None:
     p.add_argument("--seq-len", type=int, help=f"sequence length (default {DEFAULT_SEQ_LEN})")
     p.add_argument("--global-batch", type=int,
                    help=f"sequences per step (default {DEFAULT_GLOBAL_BATCH_SIZE})")
-    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd"), help="default adam")
+    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd", "adam-bf16"),
+                   help="default adam; adam-bf16: Adam states kept in bf16 (6 bytes per "
+                        "parameter, not 12)")
     p.add_argument("--deadline-confidence", type=float, metavar="P",
                    help="with spot instances: the probability with which the deadline must "
                         "hold, over the number of interruptions (default 0.9)")

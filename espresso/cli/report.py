@@ -31,6 +31,11 @@ class Comparison:
     """``single-type`` or ``on-demand``: what the plan is compared with."""
 
 
+def _margin(gb: float) -> str:
+    """A memory margin: GB to 0.1, and MB below 0.1 GB (so a thin one never reads 0.0 GB)."""
+    return f"{gb:.1f} GB" if gb >= 0.1 else f"{gb * 1e3:.0f} MB"
+
+
 def _rent(gpus: dict[str, int]) -> str:
     return ", ".join(f"{c} x {g}" for g, c in gpus.items())
 
@@ -299,7 +304,7 @@ def print_plan(plan: Plan, console: Console, comparison: Comparison | None,
     if full:
         console.print(escape(
             f"Memory: {len(full)} stage(s) above {FULL:.0%} of usable memory (!; margins "
-            + ", ".join(f"stage {st.index} {st.capacity_gb - st.memory_gb:.1f} GB"
+            + ", ".join(f"stage {st.index} {_margin(st.capacity_gb - st.memory_gb)}"
                         for st in full)
             + "): what the model does not count (allocator cache, fragmentation) may not fit; "
             "--memory-headroom keeps more free"))
