@@ -47,6 +47,7 @@ class GpuSpec:
     memory_gb: float
     memory_bytes: float
     tflops: float
+    fp8_tflops: float
     mem_bandwidth_gbs: float
     intra_node_gbs: float
     inter_node_gbs: float
@@ -68,6 +69,7 @@ class CostParams:
     sustained_fraction: float
     attention_efficiency: float
     overlap_grad_reduce: bool
+    overlap_param_gather: bool
     p2p_overlap: bool
     p2p_scatter_gather: bool
     bytes_per_weight: float
@@ -107,6 +109,7 @@ class Workload:
     recompute: Recompute
     sharding: Sharding
     sequence_parallel: bool
+    fp8: bool
     virtual_stages: int
     optimizer_bytes_per_param: float
     iterations: float

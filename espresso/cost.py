@@ -32,6 +32,10 @@ class CostParams:
     """The data-parallel gradient reduction overlaps the backward pass (DDP buckets,
     FSDP, Megatron-LM's overlap_grad_reduce); only the part that outlasts the last
     micro-batch's backward is exposed."""
+    overlap_param_gather: bool = False
+    """With ``zero1`` sharding: the weights' all-gather after the sharded optimizer step runs
+    under the next step's first forward (Megatron-LM's ``--overlap-param-gather``, NeMo's
+    ``overlap_param_sync``); off: it is exposed at the end of the step."""
     p2p_overlap: bool = True
     """Pipeline sends and receives overlap compute (asynchronous, as Espresso's runner and
     PyTorch's pipelining schedules run them); off: each transfer blocks both stages, as in

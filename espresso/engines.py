@@ -144,6 +144,9 @@ def engine_named(name: str) -> Engine:
 def refusal(plan: Plan, engine: str | Engine) -> str | None:
     """Why ``engine`` cannot run ``plan`` (None: it can)."""
     eng = engine if isinstance(engine, Engine) else engine_named(engine)
+    if plan.job.precision == "fp8" and eng.name == "espresso":
+        # fp8 GEMMs need Transformer Engine (Megatron-LM) or torchao's Float8 (torchtitan).
+        return "no fp8 GEMMs (Megatron-LM with Transformer Engine or torchtitan's float8 do)"
     P = plan.pp
     tps = sorted({st.tp for st in plan.stages})
     if eng.uniform_tp and len(tps) > 1:

@@ -13,6 +13,7 @@ from .cloud.spot import with_spot
 from .cost import CostParams
 from .errors import PlanError, SpecError
 from .estimate_result import GB, Estimate, SpotEstimate, StageEstimate
+from .gpu_type import runs_fp8
 from .job import Job
 from .profile import Profile, as_profiles
 from .table import Table
@@ -90,6 +91,7 @@ def _workload(plan: PlanLike) -> Any:
     w.recompute = RECOMPUTE_CORE[plan.recompute]
     w.sharding = SHARDING_CORE[plan.sharding]
     w.sequence_parallel = plan.sequence_parallel
+    w.fp8 = job.precision == "fp8"
     w.virtual_stages = plan.virtual_stages
     w.optimizer_bytes_per_param = job.optimizer_state_bytes
     w.iterations = float(job.num_iterations)
@@ -287,6 +289,11 @@ def estimate(plan: PlanLike, catalog: Catalog | Table | None = None, *,
         if st.gpu not in (row.model, row.name):
             msg = (f"stage {i}: offer {row.name} rents {row.model}, "
                    f"not {st.gpu}")
+            raise PlanError(msg)
+        if plan.job.precision == "fp8" and not runs_fp8(row):
+            msg = (f"stage {i}: job.precision is fp8 but {row.model} has no fp8 tensor cores "
+                   f"(fp8_tflops {row.fp8_tflops or 0:g}, bf16 {row.bf16_tflops:g}); expected "
+                   "a GPU with an fp8 peak above its bf16 one, or job.precision bf16")
             raise PlanError(msg)
         keys.append(row.name)
         if row.name not in names:

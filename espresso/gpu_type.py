@@ -90,6 +90,9 @@ class GpuType:
     recovery_hours: float | None = None
     """Hours until a reclaimed instance of this row is replaced; ``None``: the provider's
     default for a spot row."""
+    fp8_tflops: float | None = None
+    """Dense fp8 tensor-core peak in TFLOP/s (0: no fp8; an fp8 job cannot use this row).
+    ``None``: the built-in spec table's figure for the GPU model, else 0."""
 
     def __post_init__(self) -> None:
         err = CatalogError
@@ -138,6 +141,11 @@ class GpuType:
         set_(self, "zones", tuple(v.string(f"{where}: zones[]", z, err=err) for z in zones))
         if self.vendor is None:
             set_(self, "vendor", _default_vendor(self.model))
+        if self.fp8_tflops is None:
+            set_(self, "fp8_tflops", _default_fp8(self.model))
+        else:
+            set_(self, "fp8_tflops", v.number(f"{where}: fp8_tflops", self.fp8_tflops,
+                                              minimum=0, maximum=1e6, err=err))
         set_(self, "market", v.choice(f"{where}: market", self.market, MARKETS, err=err))
         for f, top in (("interruptions_per_hour", 1e3), ("recovery_hours", 1e4)):
             if getattr(self, f) is not None:
@@ -181,6 +189,8 @@ class GpuType:
         out["zones"] = list(self.zones)
         if out["vendor"] == _default_vendor(self.model):
             out["vendor"] = None
+        if out["fp8_tflops"] == _default_fp8(self.model):
+            out["fp8_tflops"] = None
         if out["market"] == "on-demand":
             out["market"] = None
         return {k: val for k, val in out.items() if val is not None and val != []}
@@ -190,6 +200,7 @@ class GpuType:
         g.memory_gb = self.memory_gb
         g.memory_bytes = self.memory_bytes or 0.0
         g.tflops = self.bf16_tflops
+        g.fp8_tflops = self.fp8_tflops or 0.0
         g.mem_bandwidth_gbs = self.mem_bandwidth_gbs
         g.intra_node_gbs = self.intra_node_gbs
         g.inter_node_gbs = self.inter_node_gbs
@@ -235,3 +246,19 @@ def _spec_vendors() -> dict[str, str]:
 
 def _default_vendor(model: str) -> str:
     return _spec_vendors().get(model, "NVIDIA")
+
+
+@cache
+def _spec_fp8() -> dict[str, float]:
+    text = resources.files("espresso").joinpath("data/gpu_specs.yaml").read_text()
+    data = yaml.safe_load(text)
+    return {str(row["name"]): float(row.get("fp8_tflops", 0.0)) for row in data["specs"]}
+
+
+def _default_fp8(model: str) -> float:
+    return _spec_fp8().get(model, 0.0)
+
+
+def runs_fp8(g: GpuType) -> bool:
+    """The row's GPU has fp8 tensor cores faster than its bf16 ones (an fp8 job can use it)."""
+    return (g.fp8_tflops or 0.0) > g.bf16_tflops

@@ -26,7 +26,13 @@ DEFAULT_GLOBAL_BATCH_SIZE = 512
 """Sequences per optimizer step when a job does not give them."""
 
 _FIELDS = ("model", "seq_len", "global_batch_size", "tokens", "iterations", "deadline_hours",
-           "optimizer", "deadline_confidence")
+           "optimizer", "deadline_confidence", "precision")
+
+PRECISIONS = ("bf16", "fp8")
+"""How the blocks' matrix multiplies run: ``bf16`` mixed precision, or ``fp8`` (Transformer
+Engine's recipes: every linear layer's GEMM in fp8, inputs cast per GEMM; attention, norms,
+the LM head and the optimizer as in bf16). An fp8 job runs only on GPUs with fp8 tensor
+cores."""
 
 DEFAULT_DEADLINE_CONFIDENCE = 0.9
 """Probability with which a plan with spot instances must meet the deadline."""
@@ -49,11 +55,13 @@ class Job:
     iterations: int | None = None
     """Optimizer steps; give this or ``tokens``."""
     optimizer: str = "adam"
-    """``adam``/``adamw`` (12 state bytes per parameter) or ``sgd`` (8)."""
+    """``adam``/``adamw`` (12 state bytes per parameter), ``sgd`` (8) or ``adam-bf16`` (6)."""
     deadline_confidence: float = DEFAULT_DEADLINE_CONFIDENCE
     """Plans with spot instances: the probability with which the deadline must hold, over the
     number of interruptions (docs/cost-model.md, "Spot capacity"); in (0, 1), default 0.9.
     On-demand plans meet it or not for sure."""
+    precision: str = "bf16"
+    """``bf16`` (default) or ``fp8``: the linear layers' GEMMs in fp8 (:data:`PRECISIONS`)."""
 
     def __post_init__(self) -> None:
         err = JobError
@@ -89,6 +97,7 @@ class Job:
                    f"got {self.deadline_confidence!r}")
             raise JobError(msg)
         set_(self, "deadline_confidence", conf)
+        set_(self, "precision", v.choice("job.precision", self.precision, PRECISIONS, err=err))
 
     @property
     def num_iterations(self) -> int:
@@ -142,6 +151,8 @@ class Job:
         out["optimizer"] = self.optimizer
         if self.deadline_confidence != DEFAULT_DEADLINE_CONFIDENCE:
             out["deadline_confidence"] = self.deadline_confidence
+        if self.precision != "bf16":
+            out["precision"] = self.precision
         return out
 
     @classmethod

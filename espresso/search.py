@@ -16,8 +16,9 @@ from .catalog import Catalog, GpuType
 from .cloud.domains import SCOPES, Subproblem, locations_of, subproblems
 from .cost import CostParams
 from .engines import engine_cost, engine_named, refusal
-from .errors import EspressoError, SpecError
+from .errors import EspressoError, JobError, SpecError
 from .estimate import RECOMPUTE_CORE, SHARDING_CORE, _workload, estimate
+from .gpu_type import runs_fp8
 from .interleave import DEFAULT_VIRTUAL_STAGES, interleave, rank_key
 from .job import Job
 from .plan import RECOMPUTE, SCHEDULES, SHARDING, Plan, Stage
@@ -215,6 +216,7 @@ def _job_workload(job: Job, sp: Subproblem | None = None, *,
                   sequence_parallel: bool = False) -> Any:
     w = core.Workload()
     w.sequence_parallel = sequence_parallel
+    w.fp8 = job.precision == "fp8"
     if sp is not None and sp.crossing is not None:
         w.transfer_usd_per_gb = sp.crossing.usd_per_gb
     w.seq_len = job.seq_len
@@ -356,6 +358,13 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     recompute = space["recompute"]
     middle_equal = space["middle_equal"]
     catalog = Catalog.builtin() if catalog is None else catalog
+    if job.precision == "fp8" and not any(runs_fp8(g) for g in catalog.gpus):
+        names = sorted({g.model for g in catalog.gpus})
+        msg = ("job.precision fp8: no GPU type of the catalog has fp8 tensor cores "
+               f"(fp8_tflops above its bf16 peak; the catalog has {', '.join(names[:8])}"
+               f"{', ...' if len(names) > 8 else ''}); expected a catalog with fp8 GPUs "
+               "(H100, H200, B200, L40S, L4, MI300X) or job.precision bf16")
+        raise JobError(msg)
     cost = engine_cost(engine, cost_model)  # the engine's profile unless one is given
     if objective == "time":
         enforce_deadline = False

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -105,3 +106,40 @@ def test_sharding_only_adds_time_and_only_removes_memory(case: tuple, dp: int) -
             assert states <= prev[2] * (1 + 1e-12)
             assert st0.optimizer_step_s <= prev[3] * (1 + 1e-12)
         prev = (st0.fwd_s, st0.bwd_s, states, st0.optimizer_step_s)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases(), st.floats(1.2, 4.0), st.booleans())
+def test_fp8_runs_the_linear_gemms_at_the_fp8_peak(case: tuple, ratio: float, sp: bool) -> None:
+    """An fp8 plan's block: its four linear layers' GEMMs at the fp8 peak, everything else
+    as in bf16 (with bandwidth to spare, the times differ by exactly the GEMMs' saving), and
+    never faster than the search's bound FLOPs at the fp8 rate (the rate its bounds use)."""
+    model, gpu, cost, s, b, tp = case
+    fp8 = replace(gpu, fp8_tflops=gpu.bf16_tflops * ratio)
+    wide = replace(fp8, mem_bandwidth_gbs=1e9)
+    dims, params = model._dims(), cost._core()
+    w16, w8 = work(s, b, sp=sp), work(s, b, sp=sp)
+    w8.fp8 = True
+    h, f, kv = model.hidden_size, model.ffn, model.kv_heads * model.hidden_size // model.num_heads
+    linear = 2.0 * s * b * (h * (h + 2 * kv) + h * h + (2 if model.gated_mlp else 1) * f * h
+                            + f * h) / tp
+    rate = gpu.bf16_tflops * 1e12 * gpu.efficiency * cost.sustained_fraction
+    t16 = core.block_times(dims, wide._spec(), params, w16, tp)
+    t8 = core.block_times(dims, wide._spec(), params, w8, tp)
+    saved = linear / rate * (1 - 1 / ratio)
+    # ... less the casts to fp8 with their transposes (read 2 bytes, write 1 + 1): the four
+    # GEMM inputs in the forward, the gradients at their four outputs in the backward.
+    whole = h / tp if sp else h
+    up = (2 if model.gated_mlp else 1) * f
+    hbm = 1e9 * 1e9 * cost.memory_bandwidth_efficiency
+    cast_f = s * b * 4.0 * (2 * whole + h / tp + f / tp) / hbm
+    cast_b = s * b * 4.0 * ((h + 2 * kv) / tp + up / tp + 2 * whole) / hbm
+    assert t16.fwd - t8.fwd == pytest.approx(saved - cast_f, rel=1e-9, abs=1e-18)
+    assert t16.bwd - t8.bwd == pytest.approx(2 * saved - cast_b, rel=1e-9, abs=1e-18)
+    # Any bandwidth: at least the bound FLOPs at the fp8 rate.
+    t = core.block_times(dims, fp8._spec(), params, w8, tp)
+    flops = core.block_bound_flops(dims, params, s, b)
+    assert t.fwd >= flops / (rate * ratio * tp) * (1 - 1e-12)
+    # A GPU without fp8 runs an fp8 workload as bf16 (the Python layer refuses the plan).
+    assert core.block_times(dims, gpu._spec(), params, w8, tp).fwd == \
+        core.block_times(dims, gpu._spec(), params, w16, tp).fwd

@@ -199,3 +199,48 @@ def test_node_commands_put_each_stage_on_its_gpus(tmp_path: Path) -> None:
                  "--hosts", str(hosts), "--data-path", "/data/tokens"]) == 0
     text = (meg / "node1.sh").read_text()
     assert "pretrain_gpt.py" in text and "--data-path /data/tokens" in text
+
+
+def test_fp8_plans_export_fp8_and_espresso_refuses_them(tmp_path: Path) -> None:
+    """An fp8 job: Megatron-LM gets Transformer Engine's fp8 recipe, torchtitan its float8
+    converter, and espresso's own runner (no fp8 GEMMs) refuses the plan."""
+    plan = _plan([2, 2], [16, 16], ["H100-SXM", "H100-SXM"], sharding="fsdp")
+    plan8 = replace(plan, job=replace(plan.job, precision="fp8")).with_estimate()
+    mplan = _plan([2, 2], [16, 16], ["H100-SXM", "H100-SXM"])
+    mplan8 = replace(mplan, job=replace(mplan.job, precision="fp8")).with_estimate()
+    args = [str(a) for a in megatron.arguments(mplan8)]
+    i = args.index("--fp8-format")
+    assert args[i + 1] == "hybrid" and "--fp8-amax-history-len" in args
+    assert "--fp8-format" not in [str(a) for a in megatron.arguments(mplan)]
+    torchtitan.export(plan8, tmp_path / "tt")
+    cfg = tomllib.loads((tmp_path / "tt" / "torchtitan.toml").read_text())
+    assert cfg["model"]["converters"] == ["float8"]
+    torchtitan.export(plan, tmp_path / "bf16")
+    assert "converters" not in tomllib.loads((tmp_path / "bf16" / "torchtitan.toml")
+                                            .read_text())["model"]
+    assert "fp8" in (es.engines.refusal(plan8, "espresso") or "")
+    assert es.engines.refusal(plan, "espresso") is None
+    # The fp8 plan is faster: its linear layers run at the fp8 peak.
+    assert plan8.estimate.iteration_s < plan.estimate.iteration_s  # type: ignore[union-attr]
+
+
+def test_fp8_plans_need_fp8_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    """An fp8 plan on a GPU without fp8 tensor cores is refused with the stage and the GPU;
+    a search on a catalog without any is refused before it starts; the job field
+    round-trips and is written only when it is not bf16."""
+    plan = _plan([2, 2], [16, 16], ["A100-80GB", "A100-80GB"])
+    with pytest.raises(es.PlanError, match=r"stage 0: job.precision is fp8 but A100-80GB has no "
+                                           r"fp8 tensor cores"):
+        es.estimate(replace(plan, job=replace(plan.job, precision="fp8")))
+    job = replace(plan.job, precision="fp8")
+    assert es.Job.from_dict(job.to_dict()).precision == "fp8"
+    assert "precision" not in plan.job.to_dict()
+    with pytest.raises(es.JobError, match=r"job\.precision"):
+        replace(plan.job, precision="fp4")
+    a100 = es.Catalog(gpus=(es.Catalog.builtin("gpus")["A100-80GB"],))
+    with pytest.raises(es.JobError, match="no GPU type of the catalog has fp8 tensor cores"):
+        es.search(job, a100, time_limit_s=5)
+    assert main(["plan", "--model", "llama3-8b", "--tokens", "1e9", "--deadline", "30d",
+                 "--precision", "fp8", "--catalog",
+                 str(Path(__file__).parents[1] / "examples/catalogs/espresso-prototype.yaml")]) != 0
+    assert "no GPU type of the catalog has fp8" in capsys.readouterr().err

@@ -132,6 +132,55 @@ def test_search_equals_brute_force_with_exposed_sync(seed: int, max_stages: int)
         assert got == pytest.approx(expected, rel=1e-9), plan
 
 
+@pytest.mark.parametrize(("seed", "overlap_grad_reduce"),
+                         [(4100 + seed, seed % 2 == 0) for seed in range(20)]
+                         + [(6060 + seed, True) for seed in range(20)])
+def test_search_equals_brute_force_with_overlapped_weight_gather(
+        seed: int, overlap_grad_reduce: bool) -> None:
+    """ZeRO-1's weight all-gather under the next step's first forward
+    (overlap_param_gather): the DP bounds count it as hidden up to one busy time, with the
+    gradients' reduce-scatter exposed or overlapped. ZeRO-1 plans only, so the DP traffic
+    binds (the bound counting the gather as exposed cuts seed 6073's optimum: checked)."""
+    job, catalog = random_instance(seed, 2, slow_links=True)
+    cost = es.CostParams(reserved_gb=0.0, overlap_param_gather=True,
+                         overlap_grad_reduce=overlap_grad_reduce)
+    expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=2,
+                                    max_tp=2, cost_model=cost, sharding=("zero1",))
+    got = search_cost(job, catalog, 2, cost_model=cost, sharding=("zero1",))
+    if math.isinf(expected):
+        assert math.isinf(got)
+    else:
+        assert got == pytest.approx(expected, rel=1e-9), plan
+
+
+@pytest.mark.parametrize(("seed", "max_stages"), [(5000 + seed, 2) for seed in range(30)]
+                         + [(5100 + seed, 3) for seed in range(10)])
+def test_fp8_search_equals_brute_force_over_the_fp8_gpus(seed: int, max_stages: int) -> None:
+    """An fp8 job: its blocks' linear GEMMs at the fp8 peak (the search's FLOP bounds at the
+    larger rate stay admissible) and only GPUs with fp8 tensor cores: the search over the
+    whole catalog finds the brute force's optimum over the fp8 rows."""
+    job, catalog = random_instance(seed, max_stages)
+    job = replace(job, precision="fp8")
+    fp8 = [g for g in catalog.gpus if (g.fp8_tflops or 0) > g.bf16_tflops]
+    if not fp8:
+        with pytest.raises(es.JobError, match="no GPU type of the catalog has fp8"):
+            es.search(job, catalog, max_stages=max_stages, **SMALL)  # type: ignore[arg-type]
+        return
+    # A deadline at, above or below the fastest fp8 plan, as random_instance sets one.
+    fastest = es.search(job, catalog, objective="time", max_stages=max_stages, **SMALL)
+    if fastest.plans:
+        hours = fastest.plans[0].estimate.total_hours  # type: ignore[union-attr]
+        scale = random.Random(seed).choice([0.9, 1.0 + 1e-9, 1.1, 1.5, 3.0])
+        job = replace(job, deadline_hours=hours * scale)
+    expected, plan, _ = brute_force(job, es.Catalog(gpus=tuple(fp8)), micro_batch_sizes=(1, 2),
+                                    max_stages=max_stages, max_tp=2, cost_model=COST)
+    got = search_cost(job, catalog, max_stages)
+    if math.isinf(expected):
+        assert math.isinf(got)
+    else:
+        assert got == pytest.approx(expected, rel=1e-9), plan
+
+
 @pytest.mark.parametrize("layers", [8, 12, 16])
 def test_block_rate_bound_on_a_near_tie(layers: int) -> None:
     """Three rows of one GPU: A and B, one GPU each at $1/h, and C, two GPUs at $1.005/h;

@@ -26,17 +26,26 @@ double gemm_efficiency(const GpuSpec& g, const CostParams& p) {
     return (g.efficiency > 0 ? g.efficiency : p.efficiency) * p.sustained_fraction;
 }
 
+double linear_tflops(const GpuSpec& g, const Workload& w) {
+    return w.fp8 && g.fp8_tflops > g.tflops ? g.fp8_tflops : g.tflops;
+}
+
 namespace {
 
 // Roofline time of `batch` GEMMs of (m x k) by (k x n) in `bytes` per element: the larger of
-// the tensor-core time at the GPU's matmul efficiency and the time to move the three
-// matrices at the achieved memory bandwidth.
+// the tensor-core time at the GPU's matmul efficiency (of its `tflops` peak) and the time to
+// move the three matrices at the achieved memory bandwidth.
 double gemm_s(double m, double n, double k, double batch, double bytes, const GpuSpec& g,
-              const CostParams& p) {
+              const CostParams& p, double tflops) {
     const double flops = 2.0 * m * n * k * batch;
     const double moved = (m * k + k * n + m * n) * bytes * batch;
-    return std::max(flops / (g.tflops * 1e12 * gemm_efficiency(g, p)),
+    return std::max(flops / (tflops * 1e12 * gemm_efficiency(g, p)),
                     moved / (g.mem_bandwidth_gbs * kGB * p.memory_bandwidth_efficiency));
+}
+
+double gemm_s(double m, double n, double k, double batch, double bytes, const GpuSpec& g,
+              const CostParams& p) {
+    return gemm_s(m, n, k, batch, bytes, g, p, g.tflops);
 }
 
 double memory_s(double bytes, const GpuSpec& g, const CostParams& p) {
@@ -50,11 +59,14 @@ BlockTimes block_times(const ModelDims& m, const GpuSpec& g, const CostParams& p
     const double s = d(w.seq_len), b = d(w.micro_batch_size), tokens = s * b;
     const double h = d(m.hidden_size), f = d(m.ffn_hidden_size), kv = kv_dim(m);
     const double a = d(m.num_heads), t = d(tp), act = p.bytes_per_activation;
+    // The linear layers' GEMMs run at the fp8 peak in an fp8 plan (linear_tflops).
+    const double lin = linear_tflops(g, w);
+    const double up = (m.gated_mlp ? 2.0 : 1.0) * f;  // the MLP's up projection(s)
     // Matmuls of one forward on one TP rank (the backward runs two of each shape).
-    double gemm = gemm_s(tokens, (h + 2.0 * kv) / t, h, 1, act, g, p) +   // QKV
-                  gemm_s(tokens, h, h / t, 1, act, g, p) +                 // output projection
-                  gemm_s(tokens, (m.gated_mlp ? 2.0 : 1.0) * f / t, h, 1, act, g, p) +
-                  gemm_s(tokens, h, f / t, 1, act, g, p);                  // MLP down
+    double gemm = gemm_s(tokens, (h + 2.0 * kv) / t, h, 1, act, g, p, lin) +   // QKV
+                  gemm_s(tokens, h, h / t, 1, act, g, p, lin) +  // output projection
+                  gemm_s(tokens, up / t, h, 1, act, g, p, lin) +
+                  gemm_s(tokens, h, f / t, 1, act, g, p, lin);   // MLP down
     // The attention core: QK^T and attention over V, per head.
     const double heads = b * a / t, dh = h / a;
     double attn_f = 0, attn_b = 0, attn_traffic = 0;
@@ -83,12 +95,22 @@ BlockTimes block_times(const ModelDims& m, const GpuSpec& g, const CostParams& p
     const double traffic = tokens * (replicated + split) + attn_traffic;
     const double elem = memory_s(traffic, g, p);
     const double attn_elem = memory_s(attn_traffic, g, p);
+    // An fp8 plan casts every GEMM input to fp8 with its transpose (Transformer Engine's
+    // cast-transpose: read 2 bytes, write 1 + 1 per element): in the forward the inputs of
+    // QKV and of the MLP (whole, or split by sequence), of the output projection and of the
+    // MLP's down projection; in the backward the gradients arriving at the four outputs.
+    double cast_f = 0, cast_b = 0;
+    if (lin != g.tflops) {
+        const double whole = w.sequence_parallel ? h / t : h;
+        cast_f = memory_s(tokens * 4.0 * (2.0 * whole + h / t + f / t), g, p);
+        cast_b = memory_s(tokens * 4.0 * ((h + 2.0 * kv) / t + up / t + 2.0 * whole), g, p);
+    }
 
     const double msg = tokens * h * act;
     BlockTimes out;
     out.tp_comm = 2.0 * ring_allreduce_s(msg, tp, g.intra_node_gbs, p);
-    const double fwd = gemm + attn_f + elem;
-    const double bwd = 2.0 * gemm + attn_b + 2.0 * elem;
+    const double fwd = gemm + attn_f + elem + cast_f;
+    const double bwd = 2.0 * gemm + attn_b + 2.0 * elem + cast_b;
     out.fwd = fwd * g.block_fwd_scale + out.tp_comm;
     out.bwd = bwd * g.block_bwd_scale + out.tp_comm;
     if (w.recompute == Recompute::Full) {
@@ -98,11 +120,11 @@ BlockTimes block_times(const ModelDims& m, const GpuSpec& g, const CostParams& p
     } else if (w.recompute == Recompute::SelectiveOp) {
         // The matmuls whose outputs were not saved (wk, wo, and w3 or, without a gate, w2)
         // and every element-wise op; the attention kernel's output was saved.
-        const double redo = gemm_s(tokens, kv / t, h, 1, act, g, p) +
-                            gemm_s(tokens, h, h / t, 1, act, g, p) +
-                            (m.gated_mlp ? gemm_s(tokens, f / t, h, 1, act, g, p)
-                                         : gemm_s(tokens, h, f / t, 1, act, g, p));
-        out.recompute = (redo + elem) * g.block_fwd_scale + out.tp_comm;
+        const double redo = gemm_s(tokens, kv / t, h, 1, act, g, p, lin) +
+                            gemm_s(tokens, h, h / t, 1, act, g, p, lin) +
+                            (m.gated_mlp ? gemm_s(tokens, f / t, h, 1, act, g, p, lin)
+                                         : gemm_s(tokens, h, f / t, 1, act, g, p, lin));
+        out.recompute = (redo + elem + cast_f) * g.block_fwd_scale + out.tp_comm;
     }
     return out;
 }

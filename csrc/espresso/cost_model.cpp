@@ -196,6 +196,9 @@ void validate(const GpuSpec& g, std::size_t index) {
         bad(f + "memory_bytes", g.memory_bytes, "0 (memory_gb) or in (0, 1e18]");
     }
     check_rate(f + "bf16_tflops", g.tflops);
+    if (!std::isfinite(g.fp8_tflops) || g.fp8_tflops < 0 || g.fp8_tflops > 1e9) {
+        bad(f + "fp8_tflops", g.fp8_tflops, "0 (no fp8) or in (0, 1e9] TFLOP/s");
+    }
     check_rate(f + "mem_bandwidth_gbs", g.mem_bandwidth_gbs);
     check_rate(f + "intra_node_gbs", g.intra_node_gbs);
     check_rate(f + "inter_node_gbs", g.inter_node_gbs);
@@ -475,8 +478,12 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
             e.dp_allreduce_s = std::max(0.0, reduce - window);
             break;
         case Sharding::Zero1:
-            // Reduce-scatter the gradients, step on the shard, all-gather the weights.
-            e.dp_allreduce_s = std::max(0.0, scatter - window) + gather;
+            // Reduce-scatter the gradients, step on the shard, all-gather the weights; with
+            // overlap_param_gather (Megatron-LM's --overlap-param-gather, NeMo's
+            // overlap_param_sync) the gather runs under the next step's first forward.
+            e.dp_allreduce_s = std::max(0.0, scatter - window) +
+                               (params.overlap_param_gather ? std::max(0.0, gather - e.fwd_s)
+                                                            : gather);
             break;
         case Sharding::Zero2:
             // Every micro-batch's gradients are reduce-scattered during its backward.

@@ -41,6 +41,7 @@ struct GpuSpec {
     double memory_gb = 0;           // GB (1e9 bytes) per GPU
     double memory_bytes = 0;        // the card's capacity as the driver reports it; 0: memory_gb GB
     double tflops = 0;              // dense bf16 (fp16) peak, TFLOP/s
+    double fp8_tflops = 0;          // dense fp8 peak, TFLOP/s; 0: no fp8 tensor cores
     double mem_bandwidth_gbs = 0;   // GB/s
     double intra_node_gbs = 0;      // GB/s per GPU, one direction
     double inter_node_gbs = 0;      // GB/s per GPU, one direction
@@ -75,6 +76,7 @@ struct CostParams {
     double sustained_fraction = 0.8;          // of that, what a training step sustains (calibrated)
     double attention_efficiency = 0.5;        // fused (flash) attention kernels, fraction of peak
     bool overlap_grad_reduce = true;          // DP gradient reduction overlaps the backward
+    bool overlap_param_gather = false;        // ZeRO-1's weight all-gather overlaps the next forward
     bool p2p_overlap = true;                  // pipeline sends overlap compute (async)
     bool p2p_scatter_gather = false;          // each TP rank sends 1/tp of a boundary's tensor
     double bytes_per_weight = 2.0;            // bf16 weights
@@ -118,6 +120,10 @@ struct Workload {
     Recompute recompute = Recompute::None;
     Sharding sharding = Sharding::None;
     bool sequence_parallel = false;          // TP stages split norms and dropouts by sequence
+    // The blocks' linear layers run their GEMMs in fp8 (Transformer Engine's recipes: inputs
+    // cast to fp8 per GEMM, attention, norms and the LM head in bf16); GPUs without fp8
+    // tensor cores (fp8_tflops 0) cannot run such a plan.
+    bool fp8 = false;
     // Interleaved 1F1B: the stages are num_stages / v devices' v chunks each, stage s on device
     // s % (num_stages / v) (Megatron-LM's virtual pipeline stages). 1: plain schedules.
     std::int64_t virtual_stages = 1;
@@ -248,6 +254,9 @@ double block_bound_flops(const ModelDims& m, const CostParams& p, std::int64_t s
 // The matmul efficiency a training step sustains on a GPU type: its measured matmul
 // efficiency (else the cost model's default) times sustained_fraction.
 double gemm_efficiency(const GpuSpec& g, const CostParams& p);
+// The dense peak (TFLOP/s) a block's linear layers run at: the fp8 one in an fp8 plan on a
+// GPU that has it (higher than its bf16 peak), else the bf16 one.
+double linear_tflops(const GpuSpec& g, const Workload& w);
 
 // Time of one block for one micro-batch on one GPU of a TP group of `tp` (block_time.cpp;
 // docs/cost-model.md, "Compute"): matmuls by the roofline of each GEMM, the attention core, the memory-bound

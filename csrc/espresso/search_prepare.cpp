@@ -21,7 +21,9 @@ void Tree::prepare_types() {
         const double eff = gemm_efficiency(g, params_);
         // With a profile, the fastest of its parts: no FLOP runs faster, so the bounds
         // built on rate_ stay admissible.
-        rate_[static_cast<std::size_t>(t)] = g.tflops * 1e12 * eff / profile_min_time_scale(g);
+        // An fp8 plan's linear layers run at the fp8 peak: the larger rate bounds them all.
+        rate_[static_cast<std::size_t>(t)] =
+            linear_tflops(g, job_) * 1e12 * eff / profile_min_time_scale(g);
         bwd_fwd_ratio_ = std::min(bwd_fwd_ratio_, profile_bwd_fwd_ratio(g));
         min_act_scale_ = std::min(min_act_scale_, g.activation_scale);
         cap_[static_cast<std::size_t>(t)] = std::max(0.0, usable_bytes(g, params_));
@@ -29,7 +31,9 @@ void Tree::prepare_types() {
             if (w < opt_.min_tp) continue;
             if (tp_divides(model_, w)) widths_[static_cast<std::size_t>(t)].push_back(w);
         }
-        if (g.count > 0 && !widths_[static_cast<std::size_t>(t)].empty() && cap_[static_cast<std::size_t>(t)] > 0) {
+        // An fp8 plan needs fp8 tensor cores on every stage.
+        const bool runs = !job_.fp8 || g.fp8_tflops > g.tflops;
+        if (runs && g.count > 0 && !widths_[static_cast<std::size_t>(t)].empty() && cap_[static_cast<std::size_t>(t)] > 0) {
             order_.push_back(t);
         }
     }
@@ -174,18 +178,27 @@ bool Tree::prepare_combos(Stopwatch& sw) {
                                 if (!hidden) c.k_ar = grads, c.lat_ar = lat;
                                 c.k_all = grads;
                                 break;
-                            case Sharding::Zero1:
-                                c.k_ar = 0.5 * weights + (hidden ? 0.0 : 0.5 * grads);
-                                c.lat_ar = hidden ? 0.5 * lat : lat;
+                            case Sharding::Zero1: {
+                                // The weights' all-gather hides under the next step's first
+                                // forward with overlap_param_gather, as the reduce-scatter
+                                // under the last backward: together at most one busy time.
+                                const bool gather_hidden = params_.overlap_param_gather;
+                                c.k_ar = (gather_hidden ? 0.0 : 0.5 * weights) +
+                                         (hidden ? 0.0 : 0.5 * grads);
+                                c.lat_ar = (gather_hidden ? 0.0 : 0.5 * lat) +
+                                           (hidden ? 0.0 : 0.5 * lat);
                                 c.k_all = 0.5 * weights + 0.5 * grads;
                                 break;
+                            }
                             case Sharding::Zero2:
                                 c.k_ar = 0.5 * weights, c.lat_ar = 0.5 * lat;
                                 break;
                             case Sharding::Full:
                                 break;
                         }
-                        c.hidden = hidden && sh <= Sharding::Zero1;
+                        c.hidden = sh <= Sharding::Zero1 &&
+                                   (hidden || (sh == Sharding::Zero1 &&
+                                               params_.overlap_param_gather));
                         if (!c.hidden) c.k_all = c.k_ar;
                     }
                     c.k_opt = bp / shards.optimizer *

@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
         p.dropout_masks = rng() % 2;
         p.zero1 = rng() % 2;
         p.overlap_grad_reduce = rng() % 2;
+        p.overlap_param_gather = rng() % 2;
         p.p2p_overlap = rng() % 2;
         p.p2p_scatter_gather = rng() % 2;
         p.stash_stage_io = rng() % 2;

@@ -81,7 +81,7 @@ def job_from_args(args: argparse.Namespace) -> Job:
     for key, val in (("model", args.model), ("seq_len", args.seq_len),
                      ("global_batch_size", args.global_batch), ("tokens", args.tokens),
                      ("iterations", args.iterations), ("deadline_hours", args.deadline),
-                     ("optimizer", args.optimizer),
+                     ("optimizer", args.optimizer), ("precision", args.precision),
                      ("deadline_confidence", args.deadline_confidence)):
         if val is not None:
             data[key] = val
@@ -397,6 +397,9 @@ def add_job_args(p: argparse.ArgumentParser, *, deadline: bool) -> None:
     p.add_argument("--optimizer", choices=("adam", "adamw", "sgd", "adam-bf16"),
                    help="default adam; adam-bf16: Adam states kept in bf16 (6 bytes per "
                         "parameter, not 12)")
+    p.add_argument("--precision", choices=("bf16", "fp8"),
+                   help="default bf16; fp8: the linear layers' GEMMs in fp8 (Transformer "
+                        "Engine), on GPUs with fp8 tensor cores only")
     p.add_argument("--deadline-confidence", type=float, metavar="P",
                    help="with spot instances: the probability with which the deadline must "
                         "hold, over the number of interruptions (default 0.9)")

@@ -81,6 +81,7 @@ def print_rental(plan: Plan, est: Estimate, console: Console, *, bold: bool = Fa
         console.print(f"Idle: {est.idle_gpus} GPU{'s' if est.idle_gpus > 1 else ''} of the "
                       "rented instances run no stage (whole instances are paid for)")
     extra = "".join((f", sharding {plan.sharding}" if plan.sharding != "none" else "",
+                     ", fp8 GEMMs" if plan.job.precision == "fp8" else "",
                      ", sequence parallel" if plan.sequence_parallel else "",
                      (f", interleaved: {plan.virtual_stages} stages per GPU group"
                       if plan.virtual_stages > 1 else "")))

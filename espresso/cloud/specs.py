@@ -34,6 +34,8 @@ class GpuSpec:
     memory_bytes: float | None = None
     """The card's capacity as the driver reports it (``nvidia-smi`` memory.total); absent:
     ``memory_gb`` GB."""
+    fp8_tflops: float | None = None
+    """Dense fp8 tensor-core peak, TFLOP/s (absent: no fp8; an fp8 job cannot use it)."""
     aliases: tuple[str, ...] = ()
     """SkyPilot accelerator names of this model."""
     bf16: bool = True
@@ -53,6 +55,9 @@ class GpuSpec:
         if self.memory_bytes is not None:
             set_(self, "memory_bytes", v.number(f"spec {name!r}: memory_bytes", self.memory_bytes,
                                                 positive=True, maximum=1e15, err=CatalogError))
+        if self.fp8_tflops is not None:
+            set_(self, "fp8_tflops", v.number(f"spec {name!r}: fp8_tflops", self.fp8_tflops,
+                                              minimum=0, maximum=1e6, err=CatalogError))
         set_(self, "aliases", tuple(v.string(f"spec {name!r}: aliases[]", a, err=CatalogError)
                                     for a in self.aliases))
         set_(self, "bf16", v.boolean(f"spec {name!r}: bf16", self.bf16, err=CatalogError))

@@ -62,6 +62,9 @@ def arguments(plan: Plan, *, data_path: str | None = None, tokenizer_model: str 
         a += ["--overlap-grad-reduce"]
     a += ["--micro-batch-size", plan.micro_batch_size,
           "--global-batch-size", job.global_batch_size, "--train-iters", steps, "--bf16"]
+    if job.precision == "fp8":  # Transformer Engine's delayed-scaling recipe
+        a += ["--fp8-format", "hybrid", "--fp8-amax-history-len", 1024,
+              "--fp8-amax-compute-algo", "max"]
     if plan.recompute == "full":
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform",
               "--recompute-num-layers", 1]

@@ -59,7 +59,9 @@ def job_config(plan: Plan, *, dataset: str = "c4", tokenizer: str = "./assets/hf
         "job": {"dump_folder": dump_folder,
                 "description": f"espresso plan: {m.name} on "
                                + ", ".join(f"{n} x {g}" for g, n in plan.gpus.items())},
-        "model": {"name": "llama3", "flavor": flavor, "hf_assets_path": tokenizer},
+        "model": {"name": "llama3", "flavor": flavor, "hf_assets_path": tokenizer,
+                  # fp8 jobs: torchao's Float8 linear layers (torchtitan's float8 converter)
+                  "converters": ["float8"] if job.precision == "fp8" else None},
         "optimizer": {"name": "AdamW", "lr": lr, "beta1": 0.9, "beta2": 0.95,
                       "weight_decay": 0.1},
         "lr_scheduler": {"warmup_steps": warmup_steps if warmup_steps is not None
