@@ -146,7 +146,7 @@ def refusal(plan: Plan, engine: str | Engine) -> str | None:
     eng = engine if isinstance(engine, Engine) else engine_named(engine)
     if plan.job.precision == "fp8" and eng.name == "espresso":
         # fp8 GEMMs need Transformer Engine (Megatron-LM) or torchao's Float8 (torchtitan).
-        return "no fp8 GEMMs (Megatron-LM with Transformer Engine or torchtitan's float8 do)"
+        return "no fp8 GEMMs"
     P = plan.pp
     tps = sorted({st.tp for st in plan.stages})
     if eng.uniform_tp and len(tps) > 1:
