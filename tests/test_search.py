@@ -3,6 +3,7 @@ infeasible jobs and hostile inputs."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 import random
@@ -340,6 +341,31 @@ def test_deadline_infeasible_is_explained() -> None:
     assert fastest is not None and fastest.estimate is not None
     assert fastest.estimate.total_hours > 1.0
     assert f"{fastest.estimate.total_hours:,.2f} h" in msg or "days" in msg
+
+
+def test_the_fastest_plan_explaining_a_no_gets_a_tenth_of_the_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The "no plan meets the deadline" is proven by the cost search; the fastest-plan
+    search that explains it gets a tenth of the call's limit (at least EXPLAIN_MIN_S), not
+    what is left of it."""
+    search_mod = importlib.import_module("espresso.search")
+    seen: list[float | None] = []
+    real = search_mod.search
+
+    def spy(*args: object, **kw: object) -> object:
+        if kw.get("objective") == "time":
+            seen.append(kw.get("time_limit_s"))  # type: ignore[arg-type]
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(search_mod, "search", spy)
+    job = _llama_job("1h")
+    for limit, share in ((600.0, 60.0), (30.0, search_mod.EXPLAIN_MIN_S)):
+        with pytest.raises(es.InfeasibleError):
+            es.plan(job, max_stages=4, time_limit_s=limit)
+        assert seen[-1] is not None and seen[-1] <= share + 1e-9, (limit, seen)
+    with pytest.raises(es.InfeasibleError):
+        es.plan(job, max_stages=4, time_limit_s=None)
+    assert seen[-1] is None  # no limit: the explanation has none either
 
 
 def test_model_larger_than_all_memory() -> None:
