@@ -739,7 +739,8 @@ def explain_infeasible(job: Job, catalog: Catalog, result: SearchResult,
         assert f.estimate is not None
         what = ("the fastest plan needs" if fast.stats.complete else
                 f"the fastest plan found so far (not proven: {_gap_words(fast.stats)}; its "
-                f"search had {fast.stats.seconds:.0f} s, a tenth of the time limit) needs")
+                f"search stopped after {fast.stats.seconds:.0f} s, its share of the time "
+                "limit) needs")
         shape = f"{f.pp} stage{'s' if f.pp > 1 else ''}"
         if f.virtual_stages > 1:
             shape = f"{f.pp} GPU groups of {f.virtual_stages} interleaved stages each"
