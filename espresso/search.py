@@ -290,8 +290,13 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
            virtual_stages: Sequence[int] = (1,),
            interleave_after: Sequence[int] = DEFAULT_VIRTUAL_STAGES, min_tp: int = 1,
            even_split: bool = False, engine: str = "espresso",
-           gap: float = 0.0) -> SearchResult:
+           gap: float = 0.0, stop_after_s: float | None = None) -> SearchResult:
     """Run the search and return up to ``top_k`` plans with the statistics.
+
+    ``stop_after_s`` (default: none) stops the search after that many seconds while
+    ``time_limit_s`` still sizes each subproblem's share of the time: a search that would
+    finish early under the longer limit does, one that would not stops at ``stop_after_s``
+    (a shorter ``time_limit_s`` would cut every subproblem sooner).
 
     ``time_limit_s`` is a wall-clock limit (default 60 s; ``None``: none): the search then
     returns the best plans found so far with ``stats.gap``. ``gap`` (default 0: exact) stops
@@ -350,7 +355,8 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
             cost_model=cost_model, enforce_deadline=enforce_deadline, prune=prune,
             profiles=profiles, max_gpu_types=max_gpu_types, progress=progress, phase=phase,
             scope=scope, virtual_stages=virtual_stages, interleave_after=interleave_after,
-            min_tp=min_tp, even_split=even_split, engine=engine, started=started, gap=gap)
+            min_tp=min_tp, even_split=even_split, engine=engine, started=started, gap=gap,
+            stop_after_s=stop_after_s)
     recompute = tuple(v.choice("recompute[]", r, RECOMPUTE) for r in recompute)
     space = eng.restrict(sharding=sharding, schedule=schedule, virtual_stages=virtual_stages,
                          recompute=recompute)
@@ -386,10 +392,14 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         opts.monitor = progress._start(phase, objective)
     table = Table(catalog, job.model, cost, as_profiles(profiles))
     budget = TimeBudget.of(time_limit_s)
+    if stop_after_s is not None:
+        stop_after_s = v.number("stop_after_s", stop_after_s, positive=True, maximum=1e7)
+    stop = TimeBudget.of(stop_after_s)
 
     def stopped() -> bool:
         # budget.share() never goes below MIN_SEARCH_S: ask whether the time is spent
-        return budget.spent or (progress is not None and progress.cancelled)
+        return (budget.spent or stop.spent
+                or (progress is not None and progress.cancelled))
 
     # 1. The subproblems, best bound first.
     tasks, total, unprepared = _tasks(job, table, scope, by_cost=objective == "cost",
@@ -410,6 +420,8 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         # A domain that spans locations also returns plans in one location, which are not
         # kept (their own subproblem prices them): its plans must not set the incumbent.
         o.share_plans = not sp.spans
+        if stop.limit_s is not None:  # never past the stop time
+            limit = stop.remaining() if limit is None else min(limit, stop.remaining())
         o.time_limit_s = 0.0 if limit is None else max(limit, 1e-3)
         o.incumbent = incumbent
         try:
@@ -470,10 +482,11 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
 def _search_widths(job: Job, catalog: Catalog | None, *, max_tp: int, min_tp: int,
                    time_limit_s: float | None, top_k: int, objective: str,
                    progress: SearchProgress | None, started: float,
-                   **kw: Any) -> SearchResult:
+                   stop_after_s: float | None = None, **kw: Any) -> SearchResult:
     """An engine with one TP width for all stages: one search per width (each proven), the
     best plans over all, and what was proven over all (the smallest lower bound)."""
     budget = TimeBudget.of(time_limit_s)
+    stop = TimeBudget.of(stop_after_s)
     widths = []
     w = 1
     while w <= max_tp:
@@ -482,11 +495,13 @@ def _search_widths(job: Job, catalog: Catalog | None, *, max_tp: int, min_tp: in
         w *= 2
     results: list[SearchResult] = []
     for i, w in enumerate(widths):
-        if results and (budget.spent or (progress is not None and progress.cancelled)):
+        if results and (budget.spent or stop.spent
+                        or (progress is not None and progress.cancelled)):
             break
         share = budget.share(1.0 / (len(widths) - i))
         results.append(search(job, catalog, min_tp=w, max_tp=w, time_limit_s=share,
-                              top_k=top_k, objective=objective, progress=progress, **kw))
+                              top_k=top_k, objective=objective, progress=progress,
+                              stop_after_s=stop.share(1.0 / (len(widths) - i)), **kw))
     plans = sorted((p for r in results for p in r.plans),
                    key=lambda p: rank_key(p.estimate, objective))[:top_k]
     stats = [r.stats for r in results]
@@ -727,13 +742,16 @@ def explain_infeasible(job: Job, catalog: Catalog, result: SearchResult,
     # The answer, "no plan meets the deadline", is proven (the search was complete); the
     # fastest plan only explains by how much, so it gets a share of the limit: a tenth of
     # it, at least EXPLAIN_MIN_S, never more than what is left.
-    share = budget.share(1.0)
-    if share is not None and budget.limit_s is not None:
-        share = min(share, max(EXPLAIN_MIN_S, EXPLAIN_SHARE * budget.limit_s))
+    # It stops at its share but keeps the whole limit to size its subproblems' slices, so a
+    # search that would finish early still does (a shorter limit cuts every slice sooner).
+    left = budget.share(1.0)
+    share = left
+    if left is not None and budget.limit_s is not None:
+        share = min(left, max(EXPLAIN_MIN_S, EXPLAIN_SHARE * budget.limit_s))
     # A complete time-objective search that found nothing already says it: nothing fits.
     fast = result if objective == "time" else search(
-        job, catalog, objective="time", time_limit_s=share, progress=progress,
-        phase="the fastest plan", **kw)
+        job, catalog, objective="time", time_limit_s=left, stop_after_s=share,
+        progress=progress, phase="the fastest plan", **kw)
     if fast.plans:
         f = fast.plans[0]
         assert f.estimate is not None

@@ -186,6 +186,20 @@ def test_no_subproblem_starts_once_the_time_is_spent() -> None:
     assert not res.stats.complete
 
 
+def test_stop_after_stops_the_search_under_a_longer_limit() -> None:
+    """`stop_after_s` stops the search as a spent limit does (no subproblem starts after it,
+    none runs past it) while the longer `time_limit_s` still sizes the subproblems' slices.
+    Counted, not timed, as above."""
+    job = es.Job(model=es.ModelSpec.preset("llama2-7b"), tokens=10**12, deadline_hours=1440)
+    res = es.search(job, es.Catalog.builtin("cloud"), threads=2, time_limit_s=600,
+                    stop_after_s=0.05)
+    assert res.stats.subproblems > 50
+    assert res.stats.subproblems_searched < res.stats.subproblems // 2
+    assert not res.stats.complete
+    with pytest.raises(es.SpecError, match="stop_after_s"):
+        es.search(job, time_limit_s=60, stop_after_s=-1)
+
+
 def _big_spot_catalog_file(tmp: Any) -> str:
     """The cloud snapshot seven times over (one copy per made-up region suffix): 5,579 offers,
     as in issue 25's time-limit runs."""
