@@ -151,7 +151,7 @@ class StageEstimate:
     optimizer_bytes: float
     activation_bytes: float
     transient_bytes: float
-    recv_buffer_bytes: float
+    persistent_bytes: float
     memory_bytes: float
     capacity_bytes: float
     in_flight: int

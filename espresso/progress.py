@@ -26,11 +26,15 @@ MIN_SEARCH_S = 0.05
 
 
 class TimeBudget:
-    """Seconds left of a wall-clock limit (``None``: unlimited)."""
+    """Seconds left of a wall-clock limit (``None``: unlimited). ``stop_s``: the budget is
+    spent at that time already, while the limit still sizes :meth:`share` (a search that
+    would finish early under the longer limit does; one that would not stops there)."""
 
-    def __init__(self, limit_s: float | None) -> None:
+    def __init__(self, limit_s: float | None, stop_s: float | None = None) -> None:
         self.limit_s = None if limit_s is None else v.number(
             "time_limit_s", limit_s, positive=True, maximum=1e7)
+        self.stop_s = None if stop_s is None else v.number(
+            "stop_after_s", stop_s, positive=True, maximum=1e7)
         self._start = time.monotonic()
 
     @classmethod
@@ -51,9 +55,23 @@ class TimeBudget:
             return None
         return max(MIN_SEARCH_S, self.remaining() * fraction)
 
+    def until_stop(self) -> float:
+        """Seconds left until ``stop_s`` (infinite without one)."""
+        if self.stop_s is None:
+            return math.inf
+        return max(0.0, self.stop_s - self.elapsed())
+
+    def cap(self, limit: float | None) -> float | None:
+        """``limit`` (``None``: none) cut to the time left until ``stop_s``."""
+        left = self.until_stop()
+        if math.isinf(left):
+            return limit
+        return left if limit is None else min(limit, left)
+
     @property
     def spent(self) -> bool:
-        return self.limit_s is not None and self.remaining() <= 0.0
+        return ((self.limit_s is not None and self.remaining() <= 0.0)
+                or (self.stop_s is not None and self.until_stop() <= 0.0))
 
 
 class SearchProgress:

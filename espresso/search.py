@@ -23,7 +23,7 @@ from .interleave import DEFAULT_VIRTUAL_STAGES, interleave, rank_key
 from .job import Job
 from .plan import RECOMPUTE, SCHEDULES, SHARDING, Plan, Stage
 from .profile import as_profiles
-from .progress import DEFAULT_TIME_LIMIT_S, SearchProgress, TimeBudget
+from .progress import DEFAULT_TIME_LIMIT_S, MIN_SEARCH_S, SearchProgress, TimeBudget
 from .scheduler import Outcome, Scheduler, Solved, Task, shared_incumbent
 from .table import Table
 from .units import format_hours as _hours
@@ -391,15 +391,11 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
             raise SpecError(msg)
         opts.monitor = progress._start(phase, objective)
     table = Table(catalog, job.model, cost, as_profiles(profiles))
-    budget = TimeBudget.of(time_limit_s)
-    if stop_after_s is not None:
-        stop_after_s = v.number("stop_after_s", stop_after_s, positive=True, maximum=1e7)
-    stop = TimeBudget.of(stop_after_s)
+    budget = TimeBudget(time_limit_s, stop_after_s)
 
     def stopped() -> bool:
         # budget.share() never goes below MIN_SEARCH_S: ask whether the time is spent
-        return (budget.spent or stop.spent
-                or (progress is not None and progress.cancelled))
+        return budget.spent or (progress is not None and progress.cancelled)
 
     # 1. The subproblems, best bound first.
     tasks, total, unprepared = _tasks(job, table, scope, by_cost=objective == "cost",
@@ -420,8 +416,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
         # A domain that spans locations also returns plans in one location, which are not
         # kept (their own subproblem prices them): its plans must not set the incumbent.
         o.share_plans = not sp.spans
-        if stop.limit_s is not None:  # never past the stop time
-            limit = stop.remaining() if limit is None else min(limit, stop.remaining())
+        limit = budget.cap(limit)  # never past the stop time
         o.time_limit_s = 0.0 if limit is None else max(limit, 1e-3)
         o.incumbent = incumbent
         try:
@@ -485,8 +480,7 @@ def _search_widths(job: Job, catalog: Catalog | None, *, max_tp: int, min_tp: in
                    stop_after_s: float | None = None, **kw: Any) -> SearchResult:
     """An engine with one TP width for all stages: one search per width (each proven), the
     best plans over all, and what was proven over all (the smallest lower bound)."""
-    budget = TimeBudget.of(time_limit_s)
-    stop = TimeBudget.of(stop_after_s)
+    budget = TimeBudget(time_limit_s, stop_after_s)
     widths = []
     w = 1
     while w <= max_tp:
@@ -495,13 +489,14 @@ def _search_widths(job: Job, catalog: Catalog | None, *, max_tp: int, min_tp: in
         w *= 2
     results: list[SearchResult] = []
     for i, w in enumerate(widths):
-        if results and (budget.spent or stop.spent
-                        or (progress is not None and progress.cancelled)):
+        if results and (budget.spent or (progress is not None and progress.cancelled)):
             break
         share = budget.share(1.0 / (len(widths) - i))
+        stop = budget.until_stop() / (len(widths) - i)
         results.append(search(job, catalog, min_tp=w, max_tp=w, time_limit_s=share,
                               top_k=top_k, objective=objective, progress=progress,
-                              stop_after_s=stop.share(1.0 / (len(widths) - i)), **kw))
+                              stop_after_s=None if math.isinf(stop) else max(stop, MIN_SEARCH_S),
+                              **kw))
     plans = sorted((p for r in results for p in r.plans),
                    key=lambda p: rank_key(p.estimate, objective))[:top_k]
     stats = [r.stats for r in results]

@@ -155,7 +155,7 @@ void register_cost_model(py::module_& m) {
         .def_readonly("optimizer_bytes", &StageEstimate::optimizer_bytes)
         .def_readonly("activation_bytes", &StageEstimate::activation_bytes)
         .def_readonly("transient_bytes", &StageEstimate::transient_bytes)
-        .def_readonly("recv_buffer_bytes", &StageEstimate::recv_buffer_bytes)
+        .def_readonly("persistent_bytes", &StageEstimate::persistent_bytes)
         .def_readonly("memory_bytes", &StageEstimate::memory_bytes)
         .def_readonly("capacity_bytes", &StageEstimate::capacity_bytes)
         .def_readonly("in_flight", &StageEstimate::in_flight)

@@ -26,8 +26,10 @@ double gemm_efficiency(const GpuSpec& g, const CostParams& p) {
     return (g.efficiency > 0 ? g.efficiency : p.efficiency) * p.sustained_fraction;
 }
 
+bool has_fp8(const GpuSpec& g) { return g.fp8_tflops > g.tflops; }
+
 double linear_tflops(const GpuSpec& g, const Workload& w) {
-    return w.fp8 && g.fp8_tflops > g.tflops ? g.fp8_tflops : g.tflops;
+    return w.fp8 && has_fp8(g) ? g.fp8_tflops : g.tflops;
 }
 
 namespace {
@@ -100,7 +102,7 @@ BlockTimes block_times(const ModelDims& m, const GpuSpec& g, const CostParams& p
     // QKV and of the MLP (whole, or split by sequence), of the output projection and of the
     // MLP's down projection; in the backward the gradients arriving at the four outputs.
     double cast_f = 0, cast_b = 0;
-    if (lin != g.tflops) {
+    if (w.fp8 && has_fp8(g)) {
         const double whole = w.sequence_parallel ? h / t : h;
         cast_f = memory_s(tokens * 4.0 * (2.0 * whole + h / t + f / t), g, p);
         cast_b = memory_s(tokens * 4.0 * ((h + 2.0 * kv) / t + up / t + 2.0 * whole), g, p);

@@ -407,7 +407,7 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     // _create_grad_recv_info). Megatron-LM allocates each received tensor per message.
     const double directions = (first ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
     const double buffers = params.recv_buffers_per_microbatch ? d(work.num_microbatches) : 1.0;
-    e.recv_buffer_bytes = params.persistent_recv_buffers ? directions * buffers * st.hidden : 0.0;
+    e.persistent_bytes = params.persistent_recv_buffers ? directions * buffers * st.hidden : 0.0;
     // DeepSpeed's pipeline engine never frees the last stage's pipe buffers: its
     // _exec_backward_pass returns before releasing them there, so each of its buffers
     // (TrainSchedule: max(2, min(P - i, M)), 2 on the last stage) keeps the last micro-batch
@@ -417,15 +417,15 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     if (last && params.kept_last_buffers > 0) {
         const double kept = d(std::min<std::int64_t>(params.kept_last_buffers,
                                                       work.num_microbatches));
-        e.recv_buffer_bytes += kept * (d(s) * d(b) * d(model.vocab_size) / td *
+        e.persistent_bytes += kept * (d(s) * d(b) * d(model.vocab_size) / td *
                                            params.bytes_per_activation +
                                        3.0 * st.hidden);
     }
     // The cuBLAS workspace PyTorch takes from its caching allocator on the first matmul of a
     // stream and keeps (it counts in max_memory_allocated).
-    e.recv_buffer_bytes += params.blas_workspace_mib * 1048576.0;
+    e.persistent_bytes += params.blas_workspace_mib * 1048576.0;
     e.activation_bytes =
-        d(e.in_flight) * (L * st.kept + io * st.output + ids - in_buffer) + e.recv_buffer_bytes;
+        d(e.in_flight) * (L * st.kept + io * st.output + ids - in_buffer) + e.persistent_bytes;
     // One thing works at a time in the backward: the loss over the logits (last stage), then
     // each block, rebuilt under recomputation, with its gradients.
     // The loss's working set: the logits' bytes at its peak, and the inputs the final norm
@@ -450,7 +450,7 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     // exceed them.
     e.step_bytes = per_gpu * params.optimizer_transient_bytes_per_param / sh.optimizer;
     e.transient_bytes =
-        std::max(e.transient_bytes, e.step_bytes - (e.activation_bytes - e.recv_buffer_bytes));
+        std::max(e.transient_bytes, e.step_bytes - (e.activation_bytes - e.persistent_bytes));
     e.memory_bytes = e.weights_bytes + e.grads_bytes + e.optimizer_bytes + e.activation_bytes +
                      e.transient_bytes;
     e.capacity_bytes = usable_bytes(g, params);
@@ -677,7 +677,7 @@ DeviceMemory device_memory(const std::vector<StageEstimate>& chunks, const Block
         m.optimizer_step_s += e.optimizer_step_s;
         if (e.num_layers > 0 && (smallest == 0 || e.num_layers < smallest)) smallest = e.num_layers;
         step += e.step_bytes;
-        buffers += e.recv_buffer_bytes;
+        buffers += e.persistent_bytes;
     }
     m.peak_blocks = peak_blocks;
     // Each (chunk, micro-batch) in flight holds at least the smallest chunk's blocks, so at

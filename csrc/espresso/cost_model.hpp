@@ -180,7 +180,7 @@ struct StageEstimate {
                                   // excess over the activations (it runs once they are freed)
     double memory_bytes = 0;      // sum of the above
     double step_bytes = 0;        // the optimizer step's intermediates per GPU
-    double recv_buffer_bytes = 0; // buffers kept for the run (in activation_bytes): receive
+    double persistent_bytes = 0;  // kept for the whole run (in activation_bytes): receive
                                   // buffers, kept pipe buffers, the BLAS workspace
     double capacity_bytes = 0;    // usable after head-room
     std::int64_t in_flight = 0;   // micro-batches whose activations are held
@@ -254,8 +254,10 @@ double block_bound_flops(const ModelDims& m, const CostParams& p, std::int64_t s
 // The matmul efficiency a training step sustains on a GPU type: its measured matmul
 // efficiency (else the cost model's default) times sustained_fraction.
 double gemm_efficiency(const GpuSpec& g, const CostParams& p);
+// The GPU has fp8 tensor cores (an fp8 peak above its bf16 one): an fp8 plan can use it.
+bool has_fp8(const GpuSpec& g);
 // The dense peak (TFLOP/s) a block's linear layers run at: the fp8 one in an fp8 plan on a
-// GPU that has it (higher than its bf16 peak), else the bf16 one.
+// GPU that has it, else the bf16 one.
 double linear_tflops(const GpuSpec& g, const Workload& w);
 
 // Time of one block for one micro-batch on one GPU of a TP group of `tp` (block_time.cpp;

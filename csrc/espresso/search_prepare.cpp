@@ -32,7 +32,7 @@ void Tree::prepare_types() {
             if (tp_divides(model_, w)) widths_[static_cast<std::size_t>(t)].push_back(w);
         }
         // An fp8 plan needs fp8 tensor cores on every stage.
-        const bool runs = !job_.fp8 || g.fp8_tflops > g.tflops;
+        const bool runs = !job_.fp8 || has_fp8(g);
         if (runs && g.count > 0 && !widths_[static_cast<std::size_t>(t)].empty() && cap_[static_cast<std::size_t>(t)] > 0) {
             order_.push_back(t);
         }
