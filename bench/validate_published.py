@@ -152,6 +152,9 @@ def source_cost(data: dict[str, Any], source: str,
 FIT_GRID = {"sustained_fraction": [round(0.5 + 0.05 * i, 2) for i in range(11)],
             "memory_bandwidth_efficiency": [round(0.05 * i, 2) for i in range(1, 17)]}
 """The constants fitted to the published runs, and the values tried."""
+FP8_GRID = [round(0.6 + 0.05 * i, 2) for i in range(9)]
+"""The values of ``fp8_efficiency`` tried: it only moves the fp8 runs, and is fitted with
+the others by :func:`joint_fit` (one value for every engine: the GEMMs are cuBLAS's)."""
 
 
 def engine_of(data: dict[str, Any], source: str) -> str:
@@ -159,36 +162,54 @@ def engine_of(data: dict[str, Any], source: str) -> str:
     return str(data["sources"][source].get("engine", "megatron"))
 
 
-def _grid_errors(data: dict[str, Any], index: list[int] | None = None,
-                 ) -> dict[tuple[int, float, float], float]:
+def is_fp8(run: dict[str, Any]) -> bool:
+    return run.get("precision", "bf16") == "fp8"
+
+
+Errors = dict[tuple[int, float, float, float | None], float]
+
+
+def _grid_errors(data: dict[str, Any], index: list[int] | None = None) -> Errors:
     """The signed error of every run (or the runs ``index``) at every (sustained_fraction,
-    memory_bandwidth_efficiency) of :data:`FIT_GRID`, keyed by (run index, sf, mbe)."""
-    out = {}
+    memory_bandwidth_efficiency) of :data:`FIT_GRID` and, for an fp8 run, every
+    fp8_efficiency of :data:`FP8_GRID`: keyed by (run index, sf, mbe, fp8_efficiency or
+    None); :func:`error_at` reads it."""
+    out: Errors = {}
     for i in range(len(data["runs"])) if index is None else index:
         run = data["runs"][i]
         plan, catalog = build(run, data)
         pub = published_step_s(run, plan.job.model)
         for sf in FIT_GRID["sustained_fraction"]:
             for mbe in FIT_GRID["memory_bandwidth_efficiency"]:
-                cost = source_cost(data, run["source"], sustained_fraction=sf,
-                                   memory_bandwidth_efficiency=mbe)
-                est = es.estimate(replace(plan, cost_model=cost), catalog)
-                out[i, sf, mbe] = (est.iteration_s - pub) / pub
+                for f in FP8_GRID if is_fp8(run) else [None]:
+                    extra = {} if f is None else {"fp8_efficiency": f}
+                    cost = source_cost(data, run["source"], sustained_fraction=sf,
+                                       memory_bandwidth_efficiency=mbe, **extra)
+                    est = es.estimate(replace(plan, cost_model=cost), catalog)
+                    out[i, sf, mbe, f] = (est.iteration_s - pub) / pub
     return out
+
+
+def error_at(errors: Errors, data: dict[str, Any], i: int, sf: float, mbe: float,
+             fp8: float) -> float:
+    """Run ``i``'s error at that grid point (``fp8`` only matters to an fp8 run)."""
+    return errors[i, sf, mbe, fp8 if is_fp8(data["runs"][i]) else None]
 
 
 def fit_profile(data: dict[str, Any], profile: str
                 ) -> tuple[dict[str, float], str, list[tuple[str, str, float]]]:
     """The grid point of :data:`FIT_GRID` with the smallest largest |error| over the runs of
-    every source of ``profile``; and each source predicted by the fit on the others (leave
-    one source out), as a report and as (run, source, error) rows."""
+    every source of ``profile`` (fp8 runs at the profile's fp8_efficiency); and each source
+    predicted by the fit on the others (leave one source out), as a report and as (run,
+    source, error) rows."""
     import itertools
 
     index = [i for i, r in enumerate(data["runs"]) if engine_of(data, r["source"]) == profile]
     runs = [data["runs"][i] for i in index]
     grid = _grid_errors(data, index)
+    fp8 = es.CostParams(**profile_constants(profile)).fp8_efficiency
     keys = list(FIT_GRID)
-    errors = {point: [grid[(i, *point)] for i in index]
+    errors = {point: [error_at(grid, data, i, *point, fp8) for i in index]
               for point in itertools.product(*FIT_GRID.values())}
 
     def best(mask: list[bool]) -> tuple[float, ...]:
@@ -221,27 +242,39 @@ CRITERIA: dict[str, Any] = {"mean": statistics.fmean, "median": statistics.media
 deviations, the default: one odd source moves it least), ``median`` or ``max`` (minimax)."""
 
 
-def joint_fit(data: dict[str, Any], errors: dict[tuple[int, float, float], float],
-              use: list[int], criterion: str = "mean") -> tuple[float, dict[str, float], float]:
-    """One sustained_fraction for every engine (the matmuls run in cuBLAS either way) and one
-    memory_bandwidth_efficiency per engine profile: the grid point with the best score
-    (:data:`CRITERIA`) over the runs ``use``, each profile scored on its own runs and the
-    worst profile's score minimised: (sf, {profile: mbe}, that score)."""
+@dataclass(frozen=True)
+class Fit:
+    sustained_fraction: float
+    fp8_efficiency: float
+    memory_bandwidth_efficiency: dict[str, float]
+    """By engine profile."""
+    score: float
+
+
+def joint_fit(data: dict[str, Any], errors: Errors, use: list[int],
+              criterion: str = "mean") -> Fit:
+    """One sustained_fraction and one fp8_efficiency for every engine (the matmuls run in
+    cuBLAS either way) and one memory_bandwidth_efficiency per engine profile: the grid
+    point with the best score (:data:`CRITERIA`) over the runs ``use``, each profile scored
+    on its own runs and the worst profile's score minimised. Without an fp8 run among
+    ``use`` the fp8_efficiency is the largest tried (nothing to fit it on)."""
     loss = CRITERIA[criterion]
     by_profile: dict[str, list[int]] = {}
     for i in use:
         by_profile.setdefault(engine_of(data, data["runs"][i]["source"]), []).append(i)
-    best: tuple[float, float, dict[str, float]] | None = None
+    fp8s = FP8_GRID if any(is_fp8(data["runs"][i]) for i in use) else FP8_GRID[-1:]
+    best: Fit | None = None
     for sf in FIT_GRID["sustained_fraction"]:
-        worst, mbes = 0.0, {}
-        for prof, idx in by_profile.items():
-            e, mbe = min((loss([abs(errors[i, sf, m]) for i in idx]), m)
-                         for m in FIT_GRID["memory_bandwidth_efficiency"])
-            worst, mbes[prof] = max(worst, e), mbe
-        if best is None or worst < best[0]:
-            best = (worst, sf, mbes)
+        for f in fp8s:
+            worst, mbes = 0.0, {}
+            for prof, idx in by_profile.items():
+                e, mbe = min((loss([abs(error_at(errors, data, i, sf, m, f)) for i in idx]), m)
+                             for m in FIT_GRID["memory_bandwidth_efficiency"])
+                worst, mbes[prof] = max(worst, e), mbe
+            if best is None or worst < best.score:
+                best = Fit(sf, f, mbes, worst)
     assert best is not None
-    return best[1], best[2], best[0]
+    return best
 
 
 def leave_one_source_out(data: dict[str, Any], criterion: str = "mean") -> tuple[str, bool]:
@@ -254,28 +287,36 @@ def leave_one_source_out(data: dict[str, Any], criterion: str = "mean") -> tuple
     runs = data["runs"]
     # Runs of a stated time gap are predicted and printed but never fitted on.
     everything = [i for i, r in enumerate(runs) if not r.get("time_gap")]
-    sf, mbes, _ = joint_fit(data, errors, everything, criterion)
-    fitted = [abs(errors[i, sf, mbes[engine_of(data, runs[i]["source"])]]) for i in everything]
-    lines = [f"fit ({criterion} |error|) on every source: sustained_fraction {sf:g}, "
+    fit = joint_fit(data, errors, everything, criterion)
+
+    def err(i: int, f: Fit) -> float:
+        mbe = f.memory_bandwidth_efficiency[engine_of(data, runs[i]["source"])]
+        return error_at(errors, data, i, f.sustained_fraction, mbe, f.fp8_efficiency)
+
+    fitted = [abs(err(i, fit)) for i in everything]
+    lines = [f"fit ({criterion} |error|) on every source: sustained_fraction "
+             f"{fit.sustained_fraction:g}, fp8_efficiency {fit.fp8_efficiency:g}, "
              "memory_bandwidth_efficiency "
-             + ", ".join(f"{p} {m:g}" for p, m in mbes.items())
+             + ", ".join(f"{p} {m:g}" for p, m in fit.memory_bandwidth_efficiency.items())
              + f" (median |error| {statistics.median(fitted):.1%}, max {max(fitted):.1%})"]
     rows = []
     for source in data["sources"]:
         held = [i for i, r in enumerate(runs) if r["source"] == source]
         if not held:
             continue
-        sf_s, mbes_s, _ = joint_fit(data, errors, [i for i in everything if i not in held],
-                                    criterion)
+        part = joint_fit(data, errors, [i for i in everything if i not in held], criterion)
         prof = engine_of(data, source)
-        if prof not in mbes_s:
+        if prof not in part.memory_bandwidth_efficiency:
             lines.append(f"  leave out {source}: no other source of profile {prof}")
             continue
-        errs = [(runs[i]["id"], errors[i, sf_s, mbes_s[prof]]) for i in held]
+        errs = [(runs[i]["id"], err(i, part)) for i in held]
         rows += [(e, bool(runs[i].get("time_gap"))) for i, (_, e) in zip(held, errs,
                                                                           strict=True)]
-        lines.append(f"  leave out {source}: fit sustained_fraction {sf_s:g}, "
-                     f"memory_bandwidth_efficiency ({prof}) {mbes_s[prof]:g}; predicted "
+        fp8 = (f", fp8_efficiency {part.fp8_efficiency:g}"
+               if any(is_fp8(runs[i]) for i in held) else "")
+        lines.append(f"  leave out {source}: fit sustained_fraction {part.sustained_fraction:g}"
+                     f"{fp8}, memory_bandwidth_efficiency ({prof}) "
+                     f"{part.memory_bandwidth_efficiency[prof]:g}; predicted "
                      + ", ".join(f"{i} {e:+.1%}" for i, e in errs))
     errs = [abs(e) for e, _ in rows]
     med, top = statistics.median(errs), max(errs)

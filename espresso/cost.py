@@ -25,6 +25,12 @@ class CostParams:
     """The fraction of that benchmark peak a training step sustains in its matmuls (clocks
     under sustained power, kernel tails). Calibrated on Megatron-LM's published A100 runs and
     checked on three other sources (bench/validate_published.py, bench/README.md)."""
+    fp8_efficiency: float = 0.8
+    """In an fp8 plan, the linear layers' GEMMs reach this fraction of the bf16 GEMMs' matmul
+    efficiency, of the fp8 peak (``fp8_tflops``). Fitted with sustained_fraction on every
+    published run (``python bench/validate_published.py --loo``; the fp8 runs are NVIDIA's
+    dgxc-benchmarking and MLPerf GPT-3 175B tables on H100): 0.8, and 0.8 fitted without
+    either source. 1: as efficient as bf16 (no published fp8 matmul benchmark table)."""
     attention_efficiency: float = 0.5
     """Fraction of peak that fused (flash) attention kernels reach (FlashAttention-2: 50-73%
     of A100 peak forward, less backward; Dao 2023)."""

@@ -109,12 +109,15 @@ def test_sharding_only_adds_time_and_only_removes_memory(case: tuple, dp: int) -
 
 
 @settings(max_examples=200, deadline=None)
-@given(cases(), st.floats(1.2, 4.0), st.booleans())
-def test_fp8_runs_the_linear_gemms_at_the_fp8_peak(case: tuple, ratio: float, sp: bool) -> None:
-    """An fp8 plan's block: its four linear layers' GEMMs at the fp8 peak, everything else
-    as in bf16 (with bandwidth to spare, the times differ by exactly the GEMMs' saving), and
-    never faster than the search's bound FLOPs at the fp8 rate (the rate its bounds use)."""
+@given(cases(), st.floats(1.2, 4.0), st.booleans(), st.floats(0.3, 1.0))
+def test_fp8_runs_the_linear_gemms_at_the_fp8_peak(case: tuple, ratio: float, sp: bool,
+                                                   fp8_efficiency: float) -> None:
+    """An fp8 plan's block: its four linear layers' GEMMs at the fp8 peak times
+    fp8_efficiency, everything else as in bf16 (with bandwidth to spare, the times differ by
+    exactly the GEMMs' saving), and never faster than the search's bound FLOPs at the larger
+    of the fp8 and bf16 rates (the rate its bounds use)."""
     model, gpu, cost, s, b, tp = case
+    cost = replace(cost, fp8_efficiency=fp8_efficiency)
     fp8 = replace(gpu, fp8_tflops=gpu.bf16_tflops * ratio)
     wide = replace(fp8, mem_bandwidth_gbs=1e9)
     dims, params = model._dims(), cost._core()
@@ -126,7 +129,7 @@ def test_fp8_runs_the_linear_gemms_at_the_fp8_peak(case: tuple, ratio: float, sp
     rate = gpu.bf16_tflops * 1e12 * gpu.efficiency * cost.sustained_fraction
     t16 = core.block_times(dims, wide._spec(), params, w16, tp)
     t8 = core.block_times(dims, wide._spec(), params, w8, tp)
-    saved = linear / rate * (1 - 1 / ratio)
+    saved = linear / rate * (1 - 1 / (ratio * cost.fp8_efficiency))
     # ... less the casts to fp8 with their transposes (read 2 bytes, write 1 + 1): the four
     # GEMM inputs in the forward, the gradients at their four outputs in the backward.
     whole = h / tp if sp else h

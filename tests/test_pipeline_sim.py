@@ -160,6 +160,79 @@ def test_interleaved_is_above_every_device_and_every_chain(p: int, v: int, group
     assert got >= (sum(f) + sum(b) + 2 * sum(c)) * (1 - 1e-12)
 
 
+# ------------------------------------------- interleaved 1F1B with DP collectives
+@pytest.mark.parametrize(("p", "v", "m"), [(4, 2, 4), (4, 3, 8), (8, 4, 8), (2, 2, 6)])
+@pytest.mark.parametrize("share", [0.0, 0.05, 0.25, 0.5, 1.0])
+def test_interleaved_reductions_hide_under_the_later_chunks_backwards(p: int, v: int, m: int,
+                                                                      share: float) -> None:
+    """Uniform chunks (f = 1, b = 2 per micro-batch over v chunks), free transfers, each
+    chunk's gradient reduction taking x, up to the P backwards (2P/v) between two launches:
+    launched as the chunk's last backward starts, it runs under the backwards after it, so only
+    chunk 0's, launched at the start of the device's last backward, can outlast the pipeline:
+    by x - 2/v. The pipeline itself does not move."""
+    s, x = p * v, share * 2.0 * p / v
+    f, b, c = [1.0 / v] * s, [2.0 / v] * s, [0.0] * (s - 1)
+    base = _core.interleaved_makespan(f, b, c, c, p, m)
+    makespan, tails = _core.interleaved_run(f, b, c, c, p, m, under_backward=[x] * s)
+    assert makespan == pytest.approx(base, rel=1e-12)
+    for tail in tails:
+        assert tail == pytest.approx(max(0.0, x - 2.0 / v), rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(4, 2, 4), (4, 3, 8), (2, 2, 6)])
+@pytest.mark.parametrize("g", [0.0, 0.2, 1.0, 4.0])
+def test_interleaved_gather_stalls_the_first_forward_it_feeds(p: int, v: int, m: int,
+                                                              g: float) -> None:
+    """One gather of g on device 0's first chunk (the first operation of the whole schedule,
+    which every other one waits on): the makespan moves by exactly what the gather outlasts
+    that forward, and nothing runs past the pipeline."""
+    s = p * v
+    f, b, c = [1.0 / v] * s, [2.0 / v] * s, [0.0] * (s - 1)
+    base = _core.interleaved_makespan(f, b, c, c, p, m)
+    gathers = [g] + [0.0] * (s - 1)
+    makespan, tails = _core.interleaved_run(f, b, c, c, p, m, under_forward=gathers)
+    assert makespan == pytest.approx(base + max(0.0, g - 1.0 / v), rel=1e-12)
+    assert tails == [0.0] * p
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 4), st.integers(2, 3), st.integers(1, 3), st.data())
+def test_interleaved_collectives_bounds(p: int, v: int, groups: int,
+                                        data: st.DataObject) -> None:
+    """Any times and traffic: every device's tail holds its exposed collectives and at most
+    everything it has to send; a reduction that cannot hide shows; more traffic never makes
+    the step shorter; the gathers never shorten the pipeline, and delay it by at most their
+    sum on the busiest device."""
+    s, m = p * v, p * groups
+    f = data.draw(st.lists(TIME, min_size=s, max_size=s))
+    b = data.draw(st.lists(TIME, min_size=s, max_size=s))
+    c = data.draw(st.lists(st.floats(0.0, 1.0), min_size=s - 1, max_size=s - 1))
+    comm = st.lists(st.floats(0.0, 5.0), min_size=s, max_size=s)
+    rb, gf, ex = data.draw(comm), data.draw(comm), data.draw(comm)
+    base = _core.interleaved_makespan(f, b, c, c, p, m)
+    makespan, tails = _core.interleaved_run(f, b, c, c, p, m, rb, gf, ex)
+    assert makespan >= base * (1 - 1e-12)
+    assert makespan <= base + max(sum(gf[k * p + d] for k in range(v)) for d in range(p)) + 1e-9
+    for d in range(p):
+        mine = range(d, s, p)
+        assert tails[d] >= sum(ex[i] for i in mine) * (1 - 1e-12)
+        assert tails[d] >= rb[d] - b[d] - 1e-9  # chunk 0's reduction: the device's last op
+        assert tails[d] <= sum(rb[i] + gf[i] + ex[i] for i in mine) + 1e-9
+    more = [x * 2 for x in rb]
+    makespan2, tails2 = _core.interleaved_run(f, b, c, c, p, m, more, gf, ex)
+    assert makespan2 == makespan
+    assert all(t2 >= t * (1 - 1e-12) for t, t2 in zip(tails, tails2, strict=True))
+
+
+def test_interleaved_run_refuses_malformed_traffic() -> None:
+    f, b, c = [1.0] * 4, [2.0] * 4, [0.0] * 3
+    with pytest.raises(ValueError, match="one time per virtual stage"):
+        _core.interleaved_run(f, b, c, c, 2, 2, under_backward=[1.0])
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="finite and >= 0"):
+            _core.interleaved_run(f, b, c, c, 2, 2, exposed=[0.0, 0.0, bad, 0.0])
+
+
 @pytest.mark.parametrize(("s", "p", "m", "match"), [
     (4, 4, 4, "v >= 2"),            # one chunk per device: plain 1F1B
     (6, 4, 4, "virtual stages"),    # not a multiple of the devices

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+import espresso as es
+
 BENCH = Path(__file__).parents[1] / "bench"
 
 
@@ -78,8 +80,6 @@ def test_memory_runs_rebuild_the_prototype_stages() -> None:
     vm = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(vm)
     data = yaml.safe_load((BENCH / "memory_runs.yaml").read_text())
-    import espresso as es
-
     for run in data["runs"]:
         plan = vm.build(run, data)
         assert len(plan.stages) == len(run["measured_gib"]) == len(run["partition"]) - 1
@@ -102,19 +102,20 @@ def test_memory_runs_rebuild_the_prototype_stages() -> None:
 
 def test_shipped_profiles_are_the_joint_fit_and_each_source_is_predicted_from_the_others() -> None:
     """The engine profiles ship the constants the joint fit finds on every source (one
-    sustained_fraction, a memory_bandwidth_efficiency per profile), and every source left out
-    is predicted within issue 28's targets by the fit on the rest."""
+    sustained_fraction and fp8_efficiency, a memory_bandwidth_efficiency per profile), and
+    every source left out is predicted within issue 28's targets by the fit on the rest."""
     from espresso.engines import profile_constants
 
     vp = _load()
     data = yaml.safe_load((BENCH / "published_runs.yaml").read_text())
     errors = vp._grid_errors(data)  # type: ignore[attr-defined]
     fitted = [i for i, r in enumerate(data["runs"]) if not r.get("time_gap")]
-    sf, mbes, _ = vp.joint_fit(data, errors, fitted)  # type: ignore[attr-defined]
-    assert set(mbes) == {"megatron", "torch-native"}
-    for prof, mbe in mbes.items():
-        shipped = profile_constants(prof)
-        assert (shipped["sustained_fraction"], shipped["memory_bandwidth_efficiency"]) == (sf, mbe)
+    fit = vp.joint_fit(data, errors, fitted)  # type: ignore[attr-defined]
+    assert set(fit.memory_bandwidth_efficiency) == {"megatron", "torch-native"}
+    for prof, mbe in fit.memory_bandwidth_efficiency.items():
+        shipped = es.CostParams(**profile_constants(prof))
+        assert (shipped.sustained_fraction, shipped.memory_bandwidth_efficiency,
+                shipped.fp8_efficiency) == (fit.sustained_fraction, mbe, fit.fp8_efficiency)
     text, ok = vp.leave_one_source_out(data)  # type: ignore[attr-defined]
     assert ok, text
     assert text.count("leave out") == len(data["sources"])

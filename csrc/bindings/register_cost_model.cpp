@@ -77,6 +77,7 @@ void register_cost_model(py::module_& m) {
         .def_readwrite("sustained_fraction", &CostParams::sustained_fraction)
         .def_readwrite("overlap_grad_reduce", &CostParams::overlap_grad_reduce)
         .def_readwrite("overlap_param_gather", &CostParams::overlap_param_gather)
+        .def_readwrite("fp8_efficiency", &CostParams::fp8_efficiency)
         .def_readwrite("p2p_overlap", &CostParams::p2p_overlap)
         .def_readwrite("p2p_scatter_gather", &CostParams::p2p_scatter_gather)
         .def_readwrite("bytes_per_weight", &CostParams::bytes_per_weight)
@@ -277,6 +278,23 @@ void register_cost_model(py::module_& m) {
           py::arg("num_microbatches"),
           py::arg("abort_above") = std::numeric_limits<double>::infinity(),
           py::call_guard<py::gil_scoped_release>());
+    m.def(
+        "interleaved_run",
+        [](const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
+           const std::vector<double>& send_fwd_s, const std::vector<double>& send_bwd_s,
+           std::int64_t num_devices, std::int64_t num_microbatches,
+           std::vector<double> under_backward, std::vector<double> under_forward,
+           std::vector<double> exposed) {
+            DpTraffic dp{std::move(under_backward), std::move(under_forward), std::move(exposed)};
+            const InterleavedRun r = interleaved_run(fwd_s, bwd_s, send_fwd_s, send_bwd_s,
+                                                     num_devices, num_microbatches, &dp);
+            return std::make_pair(r.makespan_s, r.tail_s);
+        },
+        py::arg("fwd_s"), py::arg("bwd_s"), py::arg("send_fwd_s"), py::arg("send_bwd_s"),
+        py::arg("num_devices"), py::arg("num_microbatches"),
+        py::arg("under_backward") = std::vector<double>{},
+        py::arg("under_forward") = std::vector<double>{}, py::arg("exposed") = std::vector<double>{},
+        py::call_guard<py::gil_scoped_release>());
     m.def("interleaved_peak", &interleaved_peak, py::arg("per_chunk"), py::arg("num_devices"),
           py::arg("device"), py::arg("num_microbatches"), py::call_guard<py::gil_scoped_release>());
     m.def("closed_form_s", &closed_form_s, py::arg("fwd_s"), py::arg("bwd_s"),

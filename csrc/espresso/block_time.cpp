@@ -28,8 +28,8 @@ double gemm_efficiency(const GpuSpec& g, const CostParams& p) {
 
 bool has_fp8(const GpuSpec& g) { return g.fp8_tflops > g.tflops; }
 
-double linear_tflops(const GpuSpec& g, const Workload& w) {
-    return w.fp8 && has_fp8(g) ? g.fp8_tflops : g.tflops;
+double linear_tflops(const GpuSpec& g, const Workload& w, const CostParams& p) {
+    return w.fp8 && has_fp8(g) ? g.fp8_tflops * p.fp8_efficiency : g.tflops;
 }
 
 namespace {
@@ -61,8 +61,8 @@ BlockTimes block_times(const ModelDims& m, const GpuSpec& g, const CostParams& p
     const double s = d(w.seq_len), b = d(w.micro_batch_size), tokens = s * b;
     const double h = d(m.hidden_size), f = d(m.ffn_hidden_size), kv = kv_dim(m);
     const double a = d(m.num_heads), t = d(tp), act = p.bytes_per_activation;
-    // The linear layers' GEMMs run at the fp8 peak in an fp8 plan (linear_tflops).
-    const double lin = linear_tflops(g, w);
+    // The linear layers' GEMMs run at the fp8 rate in an fp8 plan (linear_tflops).
+    const double lin = linear_tflops(g, w, p);
     const double up = (m.gated_mlp ? 2.0 : 1.0) * f;  // the MLP's up projection(s)
     // Matmuls of one forward on one TP rank (the backward runs two of each shape).
     double gemm = gemm_s(tokens, (h + 2.0 * kv) / t, h, 1, act, g, p, lin) +   // QKV

@@ -260,6 +260,7 @@ void validate(const CostParams& p) {
     check_nonneg("cost_model.link_latency_s", p.link_latency_s);
     check_bytes("cost_model.optimizer_step_bytes_per_param", p.optimizer_step_bytes_per_param, true);
     check_fraction("cost_model.memory_bandwidth_efficiency", p.memory_bandwidth_efficiency, false);
+    check_fraction("cost_model.fp8_efficiency", p.fp8_efficiency, false);
     if (!std::isfinite(p.checkpoint_gbs) || p.checkpoint_gbs < 0 || p.checkpoint_gbs > 1e9) {
         bad("cost_model.checkpoint_gbs", p.checkpoint_gbs, "in [0, 1e9] GB/s (0: checkpoints are free)");
     }
@@ -472,23 +473,22 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     const double gather = 0.5 * ring_allreduce_s(weights_full, work.dp, link, params);
     // Gradients are reduced as the backward of the last micro-batch produces them (DDP's
     // buckets, Megatron's overlap_grad_reduce): only what outlasts that backward is exposed.
-    const double window = params.overlap_grad_reduce ? e.bwd_s : 0.0;
+    double& under_b = params.overlap_grad_reduce ? e.dp_under_backward_s : e.dp_exposed_s;
     switch (sharding) {
         case Sharding::None:
-            e.dp_allreduce_s = std::max(0.0, reduce - window);
+            under_b += reduce;
             break;
         case Sharding::Zero1:
             // Reduce-scatter the gradients, step on the shard, all-gather the weights; with
             // overlap_param_gather (Megatron-LM's --overlap-param-gather, NeMo's
             // overlap_param_sync) the gather runs under the next step's first forward.
-            e.dp_allreduce_s = std::max(0.0, scatter - window) +
-                               (params.overlap_param_gather ? std::max(0.0, gather - e.fwd_s)
-                                                            : gather);
+            under_b += scatter;
+            (params.overlap_param_gather ? e.dp_under_forward_s : e.dp_exposed_s) += gather;
             break;
         case Sharding::Zero2:
             // Every micro-batch's gradients are reduce-scattered during its backward.
             e.bwd_s = std::max(e.bwd_s, scatter);
-            e.dp_allreduce_s = gather;
+            e.dp_exposed_s = gather;
             break;
         case Sharding::Full:
             // Weights gathered block by block in the forward and again in the backward,
@@ -498,9 +498,12 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
                 e.fwd_s = std::max(e.fwd_s, gather) + gather / L;
                 e.bwd_s = std::max(e.bwd_s, gather + scatter) + gather / L;
             }
-            e.dp_allreduce_s = 0.0;
             break;
     }
+    // A plain pipeline: the reduction hides under the last micro-batch's backward, the
+    // gather under the first one's forward; interleaved plans place them in their simulation.
+    e.dp_allreduce_s = std::max(0.0, e.dp_under_backward_s - e.bwd_s) +
+                       std::max(0.0, e.dp_under_forward_s - e.fwd_s) + e.dp_exposed_s;
     e.optimizer_step_s = per_gpu / sh.optimizer * params.optimizer_step_bytes_per_param /
                          (g.mem_bandwidth_gbs * kGB * params.memory_bandwidth_efficiency);
     return e;
@@ -673,7 +676,7 @@ DeviceMemory device_memory(const std::vector<StageEstimate>& chunks, const Block
         m.grads += e.grads_bytes;
         m.optimizer += e.optimizer_bytes;
         m.transient = std::max(m.transient, e.transient_bytes);
-        m.dp_allreduce_s += e.dp_allreduce_s;
+        m.dp_allreduce_s += e.dp_exposed_s;  // what no schedule hides
         m.optimizer_step_s += e.optimizer_step_s;
         if (e.num_layers > 0 && (smallest == 0 || e.num_layers < smallest)) smallest = e.num_layers;
         step += e.step_bytes;
@@ -875,7 +878,25 @@ EstimateResult estimate_within(const ModelDims& model, const std::vector<GpuSpec
         r.bubble_fraction = pipe.bubble_fraction;
         r.closed_form_s = closed_form_s(fwd, bwd, M);
     } else {
-        r.pipeline_s = interleaved_makespan(fwd, bwd, send_f, send_b, D, M, pipeline_limit_s);
+        // The DP collectives run in the simulation: gathers ahead of first forwards,
+        // each chunk's reduction from its last backward on (docs/cost-model.md).
+        DpTraffic dp;
+        for (const StageEstimate& e : r.stages) {
+            dp.under_backward.push_back(e.dp_under_backward_s);
+            dp.under_forward.push_back(e.dp_under_forward_s);
+            dp.exposed.push_back(e.dp_exposed_s);
+        }
+        const InterleavedRun run =
+            interleaved_run(fwd, bwd, send_f, send_b, D, M, &dp, pipeline_limit_s);
+        r.pipeline_s = run.makespan_s;
+        if (!run.tail_s.empty()) {  // empty: the simulation stopped at pipeline_limit_s
+            r.dp_allreduce_s = 0.0;
+            for (std::int64_t i = 0; i < P; ++i) {
+                const double tail = run.tail_s[static_cast<std::size_t>(i % D)];
+                r.stages[static_cast<std::size_t>(i)].dp_allreduce_s = tail;
+                r.dp_allreduce_s = std::max(r.dp_allreduce_s, tail);
+            }
+        }
         // Busy time per device, and the uniform closed form M w + (sum w - w) / v with w
         // the busiest device's work per micro-batch.
         double busy = 0, most = 0;

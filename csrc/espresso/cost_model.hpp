@@ -74,6 +74,7 @@ double profile_bwd_fwd_ratio(const GpuSpec& g);
 struct CostParams {
     double efficiency = 0.8;                  // matmul fraction of peak (MAMF) when a GPU type gives none
     double sustained_fraction = 0.8;          // of that, what a training step sustains (calibrated)
+    double fp8_efficiency = 0.8;              // fp8 GEMMs' matmul efficiency relative to bf16's (fitted)
     double attention_efficiency = 0.5;        // fused (flash) attention kernels, fraction of peak
     bool overlap_grad_reduce = true;          // DP gradient reduction overlaps the backward
     bool overlap_param_gather = false;        // ZeRO-1's weight all-gather overlaps the next forward
@@ -187,6 +188,13 @@ struct StageEstimate {
     double send_s = 0;            // activation transfer to the next stage (0 for last)
     bool send_intra_node = false;
     double dp_allreduce_s = 0;    // DP gradient (and parameter) traffic left exposed per step
+    // The DP traffic itself, by what it may hide under (dp_allreduce_s is what of it a plain
+    // pipeline leaves exposed; interleaved plans place it in their simulation): the
+    // gradients' reduction under the last backward, the weights' gather under the next
+    // step's first forward, and what runs after the pipeline in any case.
+    double dp_under_backward_s = 0;
+    double dp_under_forward_s = 0;
+    double dp_exposed_s = 0;
     double optimizer_step_s = 0;
 };
 
@@ -256,9 +264,9 @@ double block_bound_flops(const ModelDims& m, const CostParams& p, std::int64_t s
 double gemm_efficiency(const GpuSpec& g, const CostParams& p);
 // The GPU has fp8 tensor cores (an fp8 peak above its bf16 one): an fp8 plan can use it.
 bool has_fp8(const GpuSpec& g);
-// The dense peak (TFLOP/s) a block's linear layers run at: the fp8 one in an fp8 plan on a
-// GPU that has it, else the bf16 one.
-double linear_tflops(const GpuSpec& g, const Workload& w);
+// The peak (TFLOP/s) a block's linear layers run at, before gemm_efficiency(): in an fp8
+// plan on a GPU that has fp8, its dense fp8 peak times p.fp8_efficiency; else the bf16 one.
+double linear_tflops(const GpuSpec& g, const Workload& w, const CostParams& p);
 
 // Time of one block for one micro-batch on one GPU of a TP group of `tp` (block_time.cpp;
 // docs/cost-model.md, "Compute"): matmuls by the roofline of each GEMM, the attention core, the memory-bound
@@ -348,6 +356,8 @@ BlockStash block_stash(const ModelDims& model, const GpuSpec& g, const CostParam
 // blocks' worth of one micro-batch its operation order holds: interleaved_peak_blocks).
 struct DeviceMemory {
     double weights = 0, grads = 0, optimizer = 0, activations = 0, transient = 0, total = 0;
+    // dp_allreduce_s: the DP traffic no schedule hides (the chunks' dp_exposed_s), a lower
+    // bound of what the interleaved simulation leaves exposed.
     double dp_allreduce_s = 0, optimizer_step_s = 0;
     std::int64_t peak_blocks = 0;
 };

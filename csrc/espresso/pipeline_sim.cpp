@@ -358,6 +358,16 @@ double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<
                             const std::vector<double>& send_fwd_s,
                             const std::vector<double>& send_bwd_s, std::int64_t num_devices,
                             std::int64_t num_microbatches, double abort_above) {
+    return interleaved_run(fwd_s, bwd_s, send_fwd_s, send_bwd_s, num_devices, num_microbatches,
+                           nullptr, abort_above)
+        .makespan_s;
+}
+
+InterleavedRun interleaved_run(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
+                               const std::vector<double>& send_fwd_s,
+                               const std::vector<double>& send_bwd_s, std::int64_t num_devices,
+                               std::int64_t num_microbatches, const DpTraffic* dp,
+                               double abort_above) {
     const std::int64_t P = num_devices, M = num_microbatches;
     const std::int64_t S = static_cast<std::int64_t>(fwd_s.size());
     if (P < 1 || P > kMaxStages || S % P != 0 || S / P < 2) {
@@ -379,6 +389,34 @@ double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<
             "interleaved_makespan: expected P*v forward and backward times and P*v-1 transfers");
     }
     check_all_times(fwd_s, bwd_s, send_fwd_s, send_bwd_s);
+    // The DP traffic: each vector empty or one time per virtual stage, each finite and >= 0.
+    const auto traffic = [&](const std::vector<double>& t, const char* name) {
+        if (!t.empty() && t.size() != fwd_s.size()) {
+            throw std::invalid_argument(std::string("interleaved_run: expected ") + name +
+                                        " empty or one time per virtual stage");
+        }
+        for (const double x : t) {
+            if (!(x >= 0.0 && x <= kMaxTime)) {
+                throw std::invalid_argument(std::string("interleaved_run: ") + name +
+                                            " must be finite and >= 0");
+            }
+        }
+        return !t.empty();
+    };
+    const bool under_b = dp != nullptr && traffic(dp->under_backward, "under_backward");
+    const bool under_f = dp != nullptr && traffic(dp->under_forward, "under_forward");
+    const bool exposed = dp != nullptr && traffic(dp->exposed, "exposed");
+    // Each device's collective stream: the gathers from the step's start, in chunk order;
+    // `arrived[s]` is when virtual stage s's weights are all there.
+    std::vector<double> comm_free(static_cast<std::size_t>(P), 0.0);
+    std::vector<double> arrived(static_cast<std::size_t>(S), 0.0);
+    if (under_f) {
+        for (std::int64_t s = 0; s < S; ++s) {
+            double& f = comm_free[static_cast<std::size_t>(s % P)];
+            f += dp->under_forward[static_cast<std::size_t>(s)];
+            arrived[static_cast<std::size_t>(s)] = f;
+        }
+    }
 
     const std::int64_t per_device = 2 * M * v;
     auto op_of = [&](std::int64_t d, std::int64_t k) {
@@ -427,10 +465,18 @@ double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<
             }
             const double start = std::max(free_at[sd], ready);
             const double took = backward ? bwd_s[ss] : fwd_s[ss];
-            const double end = start + took;
+            double end = start + took;
+            // A first forward ends no earlier than its weights' gather.
+            if (!backward && mb == 0) end = std::max(end, arrived[ss]);
+            // The last backward launches the stage's gradient reduction.
+            if (backward && mb == M - 1 && under_b) {
+                comm_free[sd] = std::max(comm_free[sd], start) + dp->under_backward[ss];
+            }
             left[sd] -= took;
             if (start + std::max(left[sd] + took, 0.0) > abort_above) {
-                return std::numeric_limits<double>::infinity();
+                InterleavedRun cut;
+                cut.makespan_s = std::numeric_limits<double>::infinity();
+                return cut;
             }
             (backward ? end_b : end_f)[at(s, mb)] = end;
             free_at[sd] = end;
@@ -446,9 +492,18 @@ double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<
     if (done != P * per_device) {
         throw std::logic_error("interleaved pipeline simulation deadlocked (internal error)");
     }
-    double makespan = 0;
-    for (const double f : free_at) makespan = std::max(makespan, f);
-    return makespan;
+    InterleavedRun run;
+    run.tail_s.resize(static_cast<std::size_t>(P));
+    for (std::int64_t d = 0; d < P; ++d) {
+        const auto sd = static_cast<std::size_t>(d);
+        double tail = 0.0;
+        if (exposed) {
+            for (std::int64_t s = d; s < S; s += P) tail += dp->exposed[static_cast<std::size_t>(s)];
+        }
+        run.makespan_s = std::max(run.makespan_s, free_at[sd]);
+        run.tail_s[sd] = std::max(0.0, comm_free[sd] - free_at[sd]) + tail;
+    }
+    return run;
 }
 
 }  // namespace espresso

@@ -73,6 +73,34 @@ double interleaved_makespan(const std::vector<double>& fwd_s, const std::vector<
                             std::int64_t num_microbatches,
                             double abort_above = std::numeric_limits<double>::infinity());
 
+// Data-parallel traffic of each virtual stage (seconds of one GPU's collectives), for
+// interleaved_run(): `under_backward` is the gradients' reduction, launched as the stage's
+// last backward (of micro-batch M - 1) starts, Megatron-LM's overlap_grad_reduce;
+// `under_forward` the weights' all-gather of --overlap-param-gather, launched at the step's
+// start and needed by the end of the stage's first forward; `exposed` runs after the
+// pipeline. Each device runs its collectives one at a time on one stream, in the order they
+// are launched (the gathers in chunk order first); empty vectors: none.
+struct DpTraffic {
+    std::vector<double> under_backward, under_forward, exposed;
+};
+
+struct InterleavedRun {
+    double makespan_s = 0;        // the last device's last operation, gather stalls included
+    std::vector<double> tail_s;   // per device: how long its collectives run past its own
+                                  // last operation (the exposed ones all do)
+};
+
+// The simulation of interleaved_makespan() with each device's DP collectives (`dp`, null:
+// none), which stall a first forward whose weights have not arrived and run past the
+// device's last backward when they outlast the work behind them. `abort_above` bounds the
+// makespan as there (the collectives' tails are not counted in it). As for a plain pipeline,
+// the iteration is then the makespan plus the longest tail (estimate()).
+InterleavedRun interleaved_run(const std::vector<double>& fwd_s, const std::vector<double>& bwd_s,
+                               const std::vector<double>& send_fwd_s,
+                               const std::vector<double>& send_bwd_s, std::int64_t num_devices,
+                               std::int64_t num_microbatches, const DpTraffic* dp,
+                               double abort_above = std::numeric_limits<double>::infinity());
+
 // Operation k (0 <= k < 2 M v) of device d in interleaved 1F1B: a forward or a backward of
 // micro-batch `mb` through the device's chunk `chunk` (virtual stage chunk * P + d).
 struct InterleavedOp {

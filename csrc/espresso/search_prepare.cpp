@@ -21,9 +21,9 @@ void Tree::prepare_types() {
         const double eff = gemm_efficiency(g, params_);
         // With a profile, the fastest of its parts: no FLOP runs faster, so the bounds
         // built on rate_ stay admissible.
-        // An fp8 plan's linear layers run at the fp8 peak: the larger rate bounds them all.
-        rate_[static_cast<std::size_t>(t)] =
-            linear_tflops(g, job_) * 1e12 * eff / profile_min_time_scale(g);
+        // An fp8 plan's linear layers run at the fp8 rate: the larger rate bounds them all.
+        rate_[static_cast<std::size_t>(t)] = std::max(g.tflops, linear_tflops(g, job_, params_)) *
+                                             1e12 * eff / profile_min_time_scale(g);
         bwd_fwd_ratio_ = std::min(bwd_fwd_ratio_, profile_bwd_fwd_ratio(g));
         min_act_scale_ = std::min(min_act_scale_, g.activation_scale);
         cap_[static_cast<std::size_t>(t)] = std::max(0.0, usable_bytes(g, params_));
@@ -199,6 +199,10 @@ bool Tree::prepare_combos(Stopwatch& sw) {
                         c.hidden = sh <= Sharding::Zero1 &&
                                    (hidden || (sh == Sharding::Zero1 &&
                                                params_.overlap_param_gather));
+                        // Interleaved plans hide the reductions under the backwards of
+                        // the chunks after them and the gathers under the first forwards
+                        // (the schedule's simulation): only k_ar is surely exposed.
+                        if (c.work.virtual_stages > 1) c.hidden = false;
                         if (!c.hidden) c.k_all = c.k_ar;
                     }
                     c.k_opt = bp / shards.optimizer *

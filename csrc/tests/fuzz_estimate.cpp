@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
         for (auto& g : gpus) {
             g.memory_gb = any_double();
             g.tflops = any_double();
+            if (rng() % 2) g.fp8_tflops = any_double();
             g.mem_bandwidth_gbs = any_double();
             g.intra_node_gbs = any_double();
             g.inter_node_gbs = any_double();
@@ -93,6 +94,7 @@ int main(int argc, char** argv) {
         if (hostile && rng() % 4 == 0) p.efficiency = any_double();
         if (hostile && rng() % 4 == 0) p.link_efficiency = any_double();
         if (hostile && rng() % 4 == 0) p.memory_reserve_fraction = any_double();
+        if (hostile && rng() % 4 == 0) p.fp8_efficiency = any_double();
         p.flash_attention = rng() % 2;
         p.dropout_masks = rng() % 2;
         p.zero1 = rng() % 2;
@@ -131,6 +133,7 @@ int main(int argc, char** argv) {
         w.sharding = static_cast<Sharding>(
             hostile && rng() % 16 == 0 ? any_int(7) : static_cast<std::int64_t>(rng() % 4));
         w.sequence_parallel = rng() % 2;
+        w.fp8 = rng() % 2;
         w.iterations = any_double();
         w.deadline_hours = any_double();
         if (rng() % 4 == 0) w.deadline_confidence = hostile ? any_double() : 0.01 * static_cast<double>(1 + rng() % 99);
@@ -273,6 +276,22 @@ int main(int argc, char** argv) {
             const double ms = interleaved_makespan(fi, bi, ci, ci, static_cast<std::int64_t>(devices),
                                                    any_int(32));
             if (!finite_nonneg(ms)) fail("finite interleaved makespan", i);
+        } catch (const std::invalid_argument&) {
+        }
+        // ... and with DP collectives of arbitrary sizes (any of the three may be empty).
+        try {
+            DpTraffic dp;
+            for (std::vector<double>* t : {&dp.under_backward, &dp.under_forward, &dp.exposed}) {
+                if (rng() % 3 == 0) continue;
+                t->resize(rng() % 8 == 0 ? virt + 1 : virt);
+                for (auto& x : *t) x = rng() % 10 == 0 ? any_double() : static_cast<double>(rng() % 20);
+            }
+            const InterleavedRun run = interleaved_run(fi, bi, ci, ci, static_cast<std::int64_t>(devices),
+                                                       any_int(32), &dp);
+            if (!finite_nonneg(run.makespan_s)) fail("finite interleaved makespan with DP", i);
+            for (const double t : run.tail_s) {
+                if (!finite_nonneg(t)) fail("finite interleaved DP tail", i);
+            }
         } catch (const std::invalid_argument&) {
         }
         std::vector<double> chunks(rng() % 5);
