@@ -55,6 +55,30 @@ def test_malformed_interleaving_is_refused(change: object, match: str) -> None:
         change(plan(2, 3))  # type: ignore[operator]
 
 
+@pytest.mark.parametrize("m", [4, 8, 16])
+def test_dp_collectives_hide_under_the_schedule_as_megatron_overlaps_them(m: int) -> None:
+    """ZeRO-1 over 8 replicas: with neither overlap the whole traffic follows the pipeline;
+    overlapping the reductions and the gathers never lengthens the step, leaves the
+    reductions' pipeline as it was, and hides most of the traffic; the step is always the
+    pipeline, the longest tail and the optimizer step."""
+    def est(grad: bool, gather: bool) -> es.Estimate:
+        cost = es.CostParams(overlap_grad_reduce=grad, overlap_param_gather=gather)
+        p = plan(4, 3, m=m, sharding="zero1", cost_model=cost)
+        p = replace(p, dp=8, job=replace(JOB, global_batch_size=8 * m))
+        return es.estimate(p, CAT)
+
+    off, grad, both = est(False, False), est(True, False), est(True, True)
+    for e in (off, grad, both):
+        assert e.iteration_s == pytest.approx(e.pipeline_s + e.dp_allreduce_s
+                                              + e.optimizer_step_s, rel=1e-12)
+        assert e.dp_allreduce_s == max(s.dp_allreduce_s for s in e.stages)
+    assert grad.pipeline_s == off.pipeline_s  # reductions never stall the pipeline
+    assert both.pipeline_s >= off.pipeline_s  # gathers may
+    assert off.iteration_s >= grad.iteration_s >= both.iteration_s
+    assert grad.dp_allreduce_s < off.dp_allreduce_s
+    assert both.dp_allreduce_s < 0.25 * off.dp_allreduce_s
+
+
 def test_pipeline_time_is_the_interleaved_simulation_of_the_stage_times() -> None:
     p = plan(4, 3)
     est = es.estimate(p, CAT)
