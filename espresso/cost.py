@@ -122,7 +122,21 @@ class CostParams:
     micro-batch per stage); off: as 1F1B, stage ``i`` holding ``min(P - i, M)`` (Megatron-LM,
     DeepSpeed). Its time is GPipe's either way (the order differs only after the warm-up)."""
     reserved_gb: float = 1.5
-    """Memory per GPU that training cannot use: CUDA context, NCCL buffers."""
+    """Memory per GPU that training cannot use: the CUDA context (about 0.3-0.4 GB with
+    CUDA's lazy module loading, PyTorch's default since 1.13: pytorch/pytorch#86509,
+    #109888), the libraries' kernels loaded into it, and the NCCL buffers unless
+    ``nccl_gb_per_group`` counts them. The engine profiles set 0.5 with NCCL counted apart;
+    1.5 (the default, both together) keeps older plans as they were."""
+    nccl_gb_per_group: float = 0.0
+    """NCCL buffers of each communicator a stage's GPU runs collectives in (its TP group,
+    its DP group, the pipeline's), taken off that stage's usable memory. NCCL gives every
+    channel of a ring connection its three protocols' buffers: 4 MiB (Simple), 4.69 MiB
+    (LL128) and 0.5 MiB (LL), 9.19 MiB (NCCL src/init.cc, DEFAULT_BUFFSIZE and the LL/LL128
+    defaults from src/include/device.h); a ring has two connections per channel whatever its
+    size, and NVLink H100 communicators open 32 channels (NVIDIA/nccl#1685, #986): 0.62 GB,
+    the engine profiles' value. Tree and NVLS algorithms, all-to-all and more channels take
+    more (NVIDIA/nccl#864 measured about 1.6 GB for one communicator). 0: counted in
+    ``reserved_gb``."""
     memory_reserve_fraction: float = 0.05
     """Fraction of memory lost to allocator fragmentation."""
     link_efficiency: float = 0.8

@@ -86,3 +86,32 @@ def test_faster_gpus_cost_less_time() -> None:
     h = es.estimate(make_plan(llama(), [("H100-SXM", 1, 0, 32)], num_microbatches=512,
                               recompute="full"))
     assert h.iteration_s < a.iteration_s
+
+
+@pytest.mark.parametrize(("stages", "dp", "groups"), [
+    ([("A100-80GB", 1, 0, 32)], 1, 0),        # alone: no communicator
+    ([("A100-80GB", 1, 0, 32)], 2, 1),        # DP
+    ([("A100-80GB", 2, 0, 32)], 1, 1),        # TP
+    ([("A100-80GB", 2, 0, 16), ("A100-80GB", 2, 16, 32)], 2, 3),  # TP, DP and the pipeline
+])
+def test_each_stage_gives_its_communicators_nccl_buffers(stages: list, dp: int,
+                                                         groups: int) -> None:
+    """nccl_gb_per_group: a stage's usable memory is the GPU's less the NCCL buffers of each
+    communicator its GPUs run collectives in (TP group, DP group, pipeline); memory is
+    judged against it, and the plan output shows it."""
+    cost = es.CostParams(reserved_gb=0.5, nccl_gb_per_group=0.62)
+    plan = make_plan(llama(batch=64 * dp), stages, dp=dp, num_microbatches=64)
+    est = es.estimate(es.Plan.from_dict({**plan.to_dict(), "cost_model": cost.to_dict()}))
+    spec = es.Catalog.builtin("gpus")["A100-80GB"]
+    card = (spec.memory_bytes or spec.memory_gb * 1e9) / 1e9
+    usable = card * 0.95 - 0.5
+    for st in est.stages:
+        assert st.capacity_gb == pytest.approx(usable - 0.62 * groups, rel=1e-12)
+    # Enough buffers and every stage that has a communicator runs out of memory.
+    heavy = es.CostParams(reserved_gb=0.5, nccl_gb_per_group=40.0)
+    over = es.estimate(es.Plan.from_dict({**plan.to_dict(), "cost_model": heavy.to_dict()}))
+    oom = [r for r in over.reasons if "GB over" in r]
+    assert len(oom) == (len(stages) if groups else len(
+        [r for r in est.reasons if "GB over" in r]))
+    with pytest.raises(es.SpecError, match="nccl_gb_per_group"):
+        es.CostParams(nccl_gb_per_group=-0.1)

@@ -343,3 +343,24 @@ def test_hosts_hold_each_gpu_group_once() -> None:
     assert sum(n.nproc for n in nodes) == p.num_gpus == 8
     with pytest.raises(LaunchError, match="missing 4 more A100-80GB"):
         assign_hosts(p, [Host(address="a", gpu="A100-80GB", gpus=4)])
+
+
+@pytest.mark.parametrize("seed", range(300, 312))
+def test_interleaved_search_with_nccl_buffers_equals_brute_force(seed: int) -> None:
+    """With NCCL buffers per communicator, an interleaved group's usable memory is its
+    stages' (TP, DP, pipeline): the search still proves the brute force's optimum."""
+    from _bruteforce import brute_force
+    from test_search import SMALL
+
+    cost = es.CostParams(reserved_gb=0.0, nccl_gb_per_group=0.02)
+    job, catalog = interleavable_instance(seed, 3)
+    expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=3,
+                                    max_tp=2, cost_model=cost, virtual_stages=(1, 2, 3))
+    r = es.search(job, catalog, max_stages=3,
+                  **{**SMALL, "virtual_stages": (1, 2, 3), "cost_model": cost})  # type: ignore[arg-type]
+    assert r.stats.complete
+    got = r.plans[0].estimate.total_usd if r.plans else math.inf  # type: ignore[union-attr]
+    if math.isinf(expected):
+        assert math.isinf(got)
+    else:
+        assert got == pytest.approx(expected, rel=1e-9), plan

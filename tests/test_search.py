@@ -117,6 +117,23 @@ def test_search_equals_brute_force_on_slow_links(seed: int, max_stages: int) -> 
         assert got == pytest.approx(expected, rel=1e-9), plan
 
 
+@pytest.mark.parametrize(("seed", "max_stages"), [(5000 + seed, 3) for seed in range(30)])
+def test_search_equals_brute_force_with_nccl_buffers_per_stage(seed: int,
+                                                              max_stages: int) -> None:
+    """NCCL buffers per communicator (nccl_gb_per_group) make a stage's usable memory depend
+    on its TP width, the replicas and the pipeline: the search's memory limits (one type's
+    most lenient stage) stay upper bounds and its plan is the cheapest."""
+    job, catalog = random_instance(seed, max_stages)
+    cost = es.CostParams(reserved_gb=0.0, nccl_gb_per_group=0.012)  # changes 8 of the 30
+    expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=max_stages,
+                                    max_tp=2, cost_model=cost)
+    got = search_cost(job, catalog, max_stages, cost_model=cost)
+    if math.isinf(expected):
+        assert math.isinf(got)
+    else:
+        assert got == pytest.approx(expected, rel=1e-9), plan
+
+
 @pytest.mark.parametrize(("seed", "max_stages"), [(4000 + seed, 3) for seed in range(30)])
 def test_search_equals_brute_force_with_exposed_sync(seed: int, max_stages: int) -> None:
     """Slow links with the DP reduction and the sends exposed (no overlap): the per-stage

@@ -78,6 +78,7 @@ void register_cost_model(py::module_& m) {
         .def_readwrite("overlap_grad_reduce", &CostParams::overlap_grad_reduce)
         .def_readwrite("overlap_param_gather", &CostParams::overlap_param_gather)
         .def_readwrite("fp8_efficiency", &CostParams::fp8_efficiency)
+        .def_readwrite("nccl_gb_per_group", &CostParams::nccl_gb_per_group)
         .def_readwrite("p2p_overlap", &CostParams::p2p_overlap)
         .def_readwrite("p2p_scatter_gather", &CostParams::p2p_scatter_gather)
         .def_readwrite("bytes_per_weight", &CostParams::bytes_per_weight)

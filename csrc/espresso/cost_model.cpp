@@ -252,6 +252,7 @@ void validate(const CostParams& p) {
         bad("cost_model.blas_workspace_mib", p.blas_workspace_mib, "in [0, 1024] MiB");
     }
     check_nonneg("cost_model.reserved_gb", p.reserved_gb);
+    check_nonneg("cost_model.nccl_gb_per_group", p.nccl_gb_per_group);
     if (!std::isfinite(p.memory_reserve_fraction) || p.memory_reserve_fraction < 0 ||
         p.memory_reserve_fraction >= 1) {
         bad("cost_model.memory_reserve_fraction", p.memory_reserve_fraction, "in [0, 1)");
@@ -454,7 +455,7 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
         std::max(e.transient_bytes, e.step_bytes - (e.activation_bytes - e.persistent_bytes));
     e.memory_bytes = e.weights_bytes + e.grads_bytes + e.optimizer_bytes + e.activation_bytes +
                      e.transient_bytes;
-    e.capacity_bytes = usable_bytes(g, params);
+    e.capacity_bytes = stage_capacity_bytes(g, params, tp, work.dp, num_stages);
 
     // Compute time per micro-batch.
     const double head_flops = last ? head_fwd_flops(model, s, b) : 0.0;
@@ -541,6 +542,15 @@ double capacity_bytes(const GpuSpec& g) {
 
 double usable_bytes(const GpuSpec& g, const CostParams& params) {
     return capacity_bytes(g) * (1.0 - params.memory_reserve_fraction) - params.reserved_gb * kGB;
+}
+
+std::int64_t nccl_groups(std::int64_t tp, std::int64_t dp, std::int64_t num_stages) {
+    return (tp > 1 ? 1 : 0) + (dp > 1 ? 1 : 0) + (num_stages > 1 ? 1 : 0);
+}
+
+double stage_capacity_bytes(const GpuSpec& g, const CostParams& p, std::int64_t tp,
+                            std::int64_t dp, std::int64_t num_stages) {
+    return usable_bytes(g, p) - d(nccl_groups(tp, dp, num_stages)) * p.nccl_gb_per_group * kGB;
 }
 
 double send_s(const GpuSpec& from, const GpuSpec& to, bool one_node, double bytes,

@@ -97,7 +97,8 @@ struct CostParams {
     bool unfused_fp32_copies = false;         // norms and rotary keep fp32 copies (HF-style)
     std::int64_t kept_last_buffers = 0;       // last stage's pipe buffers never freed (DeepSpeed: 2)
     double blas_workspace_mib = 0.0;          // cuBLAS workspace from the caching allocator
-    double reserved_gb = 1.5;                 // CUDA context, NCCL buffers
+    double reserved_gb = 1.5;                 // CUDA context (and NCCL buffers, unless counted below)
+    double nccl_gb_per_group = 0.0;           // NCCL buffers of each communicator a stage's GPU joins
     double memory_reserve_fraction = 0.05;    // allocator fragmentation
     double link_efficiency = 0.8;             // achieved fraction of link bandwidth
     double link_latency_s = 1e-5;             // per message
@@ -309,8 +310,15 @@ double boundary_gb(const ModelDims& m, const CostParams& p, const Workload& w,
 
 // The card's capacity in bytes (memory_bytes, else memory_gb GB).
 double capacity_bytes(const GpuSpec& g);
-// Usable memory of one GPU after the head-room.
+// Usable memory of one GPU after the head-room (the most any stage on it has).
 double usable_bytes(const GpuSpec& g, const CostParams& p);
+// The NCCL communicators a GPU of a stage runs collectives in: its TP group (tp > 1), its DP
+// group (dp > 1) and the pipeline (more than one stage).
+std::int64_t nccl_groups(std::int64_t tp, std::int64_t dp, std::int64_t num_stages);
+// Usable memory of one GPU of such a stage: usable_bytes() less its communicators' buffers
+// (p.nccl_gb_per_group each).
+double stage_capacity_bytes(const GpuSpec& g, const CostParams& p, std::int64_t tp,
+                            std::int64_t dp, std::int64_t num_stages);
 // Bytes one GPU sends across a pipeline boundary per micro-batch: the boundary's tensor, or
 // with the scatter/gather optimisation (Narayanan et al. 2021, sec. 4.1) 1/tp of it, tp the
 // narrower of the two stages' widths.

@@ -241,11 +241,14 @@ bool Tree::prepare_combos(Stopwatch& sw) {
                         if (sw.expired(16)) return false;
                         const auto st = static_cast<std::size_t>(t);
                         for (const std::int64_t w : widths_[st]) {
-                            // Memory grows with the blocks held: the most that fit, by bisection.
+                            // Memory grows with the blocks held: the most that fit, by bisection
+                            // (against the capacity of a plan of one stage, which has no
+                            // pipeline communicator: the most a stage of this width can have).
+                            const double room = stage_capacity_bytes(gpus_[st], params_, w, c.work.dp, 1);
                             auto fits = [&](std::int64_t n) {
                                 const StageEstimate e = stage_cost(model_, gpus_[st], params_, lenient,
                                                                    w, n, 1, 3);
-                                return e.memory_bytes <= e.capacity_bytes;
+                                return e.memory_bytes <= room;
                             };
                             std::int64_t lo = 0, hi = model_.num_layers;  // fits(lo) (or lo = 0)
                             while (lo < hi) {
@@ -293,7 +296,8 @@ std::vector<std::int64_t> Tree::layers_in_flight(const Combo& c, std::size_t st,
     // 1F1B only: A from the second micro-batch's slope, O from its intercept.
     const double act = k0 == 1 ? (mem(2, 2) - mem(1, 2)) - per_block : 0.0;
     const double stash_out = k0 == 1 ? std::max(0.0, mem(1, 2) - m1 - act) : 0.0;
-    const double usable = usable_bytes(g, params_);
+    // (A stage of one-stage plans has no pipeline communicator: the most it can have.)
+    const double usable = stage_capacity_bytes(g, params_, tp, c.work.dp, 1);
     for (std::int64_t k = 1; k <= c.kin; ++k) {
         const double base = m1 - per_block + d(k - 1) * stash_out;  // T + k O
         const double slope = per_block + d(k - 1) * act;
