@@ -29,8 +29,8 @@ class CostParams:
     """In an fp8 plan, the linear layers' GEMMs reach this fraction of the bf16 GEMMs' matmul
     efficiency, of the fp8 peak (``fp8_tflops``). Fitted with sustained_fraction on every
     published run (``python bench/validate_published.py --loo``; the fp8 runs are NVIDIA's
-    dgxc-benchmarking and MLPerf GPT-3 175B tables on H100): 0.8, and 0.8 fitted without
-    either source. 1: as efficient as bf16 (no published fp8 matmul benchmark table)."""
+    dgxc-benchmarking and MLPerf GPT-3 175B tables on H100): 0.8; fitted without dgxc 0.75,
+    without MLPerf 0.8. 1: as efficient as bf16 (no published fp8 matmul benchmark table)."""
     attention_efficiency: float = 0.5
     """Fraction of peak that fused (flash) attention kernels reach (FlashAttention-2: 50-73%
     of A100 peak forward, less backward; Dao 2023)."""
