@@ -70,6 +70,8 @@ class CostParams:
     attention_efficiency: float
     overlap_grad_reduce: bool
     overlap_param_gather: bool
+    fp8_efficiency: float
+    nccl_gb_per_group: float
     p2p_overlap: bool
     p2p_scatter_gather: bool
     bytes_per_weight: float
@@ -254,6 +256,10 @@ def pipeline_timeline(fwd_s: list[float], bwd_s: list[float], send_fwd_s: list[f
 def interleaved_makespan(fwd_s: list[float], bwd_s: list[float], send_fwd_s: list[float],
                          send_bwd_s: list[float], num_devices: int,
                          num_microbatches: int, abort_above: float = ...) -> float: ...
+def interleaved_run(fwd_s: list[float], bwd_s: list[float], send_fwd_s: list[float],
+                    send_bwd_s: list[float], num_devices: int, num_microbatches: int,
+                    under_backward: list[float] = ..., under_forward: list[float] = ...,
+                    exposed: list[float] = ...) -> tuple[float, list[float]]: ...
 def interleaved_peak(per_chunk: list[float], num_devices: int, device: int,
                      num_microbatches: int) -> float: ...
 def closed_form_s(fwd_s: list[float], bwd_s: list[float], num_microbatches: int) -> float: ...
