@@ -169,11 +169,22 @@ def is_fp8(run: dict[str, Any]) -> bool:
 Errors = dict[tuple[int, float, float, float | None], float]
 
 
+_GRIDS: dict[str, Errors] = {}
+"""Grids already computed, by their runs file and index (a grid is some 35,000 estimates)."""
+
+
 def _grid_errors(data: dict[str, Any], index: list[int] | None = None) -> Errors:
     """The signed error of every run (or the runs ``index``) at every (sustained_fraction,
     memory_bandwidth_efficiency) of :data:`FIT_GRID` and, for an fp8 run, every
     fp8_efficiency of :data:`FP8_GRID`: keyed by (run index, sf, mbe, fp8_efficiency or
-    None); :func:`error_at` reads it."""
+    None); :func:`error_at` reads it. Computed once per runs file and index."""
+    key = json.dumps([data, index], sort_keys=True, default=str)
+    if key not in _GRIDS:
+        _GRIDS[key] = _compute_grid(data, index)
+    return _GRIDS[key]
+
+
+def _compute_grid(data: dict[str, Any], index: list[int] | None) -> Errors:
     out: Errors = {}
     for i in range(len(data["runs"])) if index is None else index:
         run = data["runs"][i]

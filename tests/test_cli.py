@@ -353,23 +353,31 @@ def test_threads_above_the_cores_are_capped(capsys: pytest.CaptureFixture[str]) 
 
 def test_tight_stages_are_flagged_and_headroom_is_settable(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """The prototype's instance fills stage 0 to 99.9% of usable memory: the plan flags it with
-    its margin. --memory-headroom keeps more free, over the engine's profile (which it and
-    --checkpoint-gbs no longer replace with the defaults)."""
-    argv = ["plan", "--model", "open_llama_3b_v2", "--iterations", "1000", "--seq-len", "3000",
+    """The prototype's instance at sequence 3800 fills stage 1 to 98% of usable memory: the
+    plan flags it with its margin. --memory-headroom keeps more free, over the engine's
+    profile (which it and --checkpoint-gbs no longer replace with the defaults)."""
+    from espresso.cli.report import _margin
+
+    argv = ["plan", "--model", "open_llama_3b_v2", "--iterations", "1000", "--seq-len", "3800",
             "--global-batch", "64", "--deadline", "100000s", "--catalog",
             str(Path(__file__).parents[1] / "examples/catalogs/espresso-prototype.yaml")]
     assert main([*argv, "--json", str(tmp_path / "a.json")]) == 0
     out = capsys.readouterr().out
-    assert "21.3 / 21.3 GB !" in out and "Memory: 1 stage(s) above 90% of usable" in out
-    assert "stage 0 23 MB" in out  # a margin under 0.1 GB in MB
+    a = es.Plan.from_json(tmp_path / "a.json")
+    assert a.estimate is not None
+    tight = [i for i, s in enumerate(a.estimate.stages) if s.memory_gb > 0.9 * s.capacity_gb]
+    assert tight == [1]
+    st = a.estimate.stages[1]
+    assert f"{st.memory_gb:.1f} / {st.capacity_gb:.1f} GB !" in out
+    assert "Memory: 1 stage(s) above 90% of usable" in out
+    assert f"stage 1 {_margin(st.capacity_gb - st.memory_gb)}" in out
+    assert _margin(0.0234) == "23 MB" and _margin(0.1) == "0.1 GB"  # thin margins in MB
     assert main([*argv, "--memory-headroom", "0.2", "--json", str(tmp_path / "b.json")]) == 0
     capsys.readouterr()
     b = es.Plan.from_json(tmp_path / "b.json")
     assert b.cost_model.memory_reserve_fraction == 0.2
     assert b.cost_model.memory_bandwidth_efficiency == 0.15  # the torch-native profile kept
-    a = es.Plan.from_json(tmp_path / "a.json")
-    assert a.estimate is not None and b.estimate is not None
+    assert b.estimate is not None
     assert b.estimate.stages[0].capacity_gb < a.estimate.stages[0].capacity_gb
     with pytest.raises(SystemExit):
         main([*argv, "--memory-headroom", "1.5"])

@@ -17,6 +17,9 @@ BENCH = Path(__file__).parents[1] / "bench"
 
 
 def _load() -> object:
+    """The script as a module, loaded once (it keeps the grids it computed)."""
+    if "validate_published" in sys.modules:
+        return sys.modules["validate_published"]
     spec = importlib.util.spec_from_file_location("validate_published",
                                                   BENCH / "validate_published.py")
     assert spec is not None and spec.loader is not None
