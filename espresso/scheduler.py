@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,6 +105,12 @@ class Scheduler:
     gap: float = 0.0
     """Relative gap: tasks whose bound is within it of the best plan are cut too, and what is
     proven is that much less than the best plan."""
+    probe: Solve | None = None
+    """A quick search of a restricted space of a task (single-type plans), run on every task
+    before the first pass (``top_k = 1``) for an incumbent: its plans are plans of the task,
+    so they are kept, but it settles nothing."""
+    probe_share: float = 0.1
+    """The most of the time budget the probes may take."""
     _found: list[tuple[tuple[Any, ...], Any, int]] = field(default_factory=list)
     _counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     _peak: int = 0
@@ -134,6 +141,7 @@ class Scheduler:
             for n, t in enumerate(self.tasks):
                 if t.twin is not None:
                     self._twins.setdefault(t.twin, []).append(n)
+        self._probe_pass(live)
         self._first_pass(live)
         self._second_pass()
         open_bounds = ([max(lb, self._floor.get(n, lb)) for lb, n in self._retry
@@ -153,6 +161,39 @@ class Scheduler:
                        complete=complete, lower_bound=lower, gap=max(0.0, gap))
 
     # ------------------------------------------------------------------ the passes
+    def _probe_pass(self, live: list[int]) -> None:
+        """Every task's single-type plans first, best bound first, for an incumbent that
+        cuts the full searches from their start: the task with the best bound often holds
+        only dearer mixes (a region of cheap, slow GPUs), and searched first without an
+        incumbent it would prove its own optimum alone. Twins are left to their twin; the
+        probes stop at their share of the time."""
+        if self.probe is None or self.top_k != 1:
+            return
+        start = time.monotonic()
+        left = self.budget.share(1.0)
+        allowance = None if left is None else self.probe_share * left
+        for n in live:
+            if self.stopped():
+                return
+            with self._lock:
+                hopeless = self.tasks[n].bound > self._target() * (1 + _EPS)
+            if self.tasks[n].twin is not None or hopeless:
+                continue  # (the first pass cuts it, and counts it)
+            spent = time.monotonic() - start
+            if allowance is not None and spent >= allowance:
+                return
+            with self._lock:
+                incumbent = self._kth()
+            limit = None if allowance is None else max(allowance - spent, 1e-3)
+            solved = self.probe(self.tasks[n], limit, 1, incumbent)
+            with self._lock:
+                for k in self._counters:
+                    self._counters[k] += getattr(solved.stats, k)
+                for key, p in solved.plans:
+                    self._found.append(((key[0], n, *key[1:]), p, n))
+                self._found.sort(key=lambda t: t[0])
+                del self._found[self.top_k:]
+
     def _first_pass(self, live: list[int]) -> None:
         # Side by side when there are more subproblems than threads (a cloud snapshot): one
         # per thread, each searched single-threaded (no contention on one frontier; the

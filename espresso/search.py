@@ -408,9 +408,12 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     shared = shared_incumbent(top_k)
     dims, core_cost = job.model._dims(), cost._core()
 
-    def solve(task: Task, limit: float | None, threads_each: int, incumbent: float) -> Solved:
+    def solve(task: Task, limit: float | None, threads_each: int, incumbent: float,
+              single_type: bool = False) -> Solved:
         sp, rows, specs = task.payload.sp, task.payload.rows, task.payload.specs
         o = options(time_limit_s=None, threads=threads_each)
+        if single_type:
+            o.max_gpu_types = 1
         o.monitor = opts.monitor
         o.shared = shared
         # A domain that spans locations also returns plans in one location, which are not
@@ -431,8 +434,14 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                                                   sp.spans) == 1)]
         return Solved(stats=res.stats, plans=kept)
 
+    def probe(task: Task, limit: float | None, threads_each: int, incumbent: float) -> Solved:
+        # The task's single-type plans (a plain search of that smaller space): an incumbent.
+        return solve(task, limit, threads_each, incumbent, single_type=True)
+
     scheduler = Scheduler(tasks=tasks, solve=solve, top_k=top_k, threads=opts.threads,
                           budget=budget, stopped=stopped, shared=shared, gap=opts.gap,
+                          probe=probe if shared is not None and opts.max_gpu_types > 1
+                          and len(tasks) > 1 else None,
                           on_error=opts.monitor.cancel if opts.monitor is not None else None)
     if progress is not None:  # the live gap is the whole search's, as the final one
         progress._attach(scheduler.live)

@@ -81,3 +81,36 @@ def test_gap_cuts_within_it_and_says_so() -> None:
     assert math.isclose(out.lower_bound, 95.0) and math.isclose(out.gap, 0.05)
     out, searched, _ = _run(tasks, res)  # exact: b is searched and wins
     assert searched == ["a", "b"] and out.found[0][1] == "b" and out.gap == 0.0
+
+
+def test_probes_give_the_first_full_search_an_incumbent_and_settle_nothing() -> None:
+    """The task of the best bound holds only a dear plan (a region of cheap, slow GPUs);
+    another's single-type probe finds a cheaper one, which the first full search starts
+    under. Probes settle nothing: every task is still searched, the answer is the same as
+    without them, and a probe's plan is kept when no full search beats it."""
+    tasks = [Task(bound=10.0, payload="a"), Task(bound=20.0, payload="b"),
+             Task(bound=30.0, payload="c", twin=1)]
+    res = {"a": (True, 120.0, 120.0), "b": (True, 100.0, 100.0), "c": (True, 150.0, None)}
+    probed: list[tuple[str, float]] = []
+    seen: list[tuple[str, float]] = []
+
+    def probe(task: Task, limit: float | None, threads: int, incumbent: float) -> Solved:
+        probed.append((task.payload, incumbent))
+        best = {"a": None, "b": 100.0, "c": None}[task.payload]
+        plans = [] if best is None or best > incumbent else [((best,), task.payload + "*")]
+        return Solved(stats=_stats(complete=False, lower=0.0), plans=plans)
+
+    def solve(task: Task, limit: float | None, threads: int, incumbent: float) -> Solved:
+        seen.append((task.payload, incumbent))
+        complete, lower, best = res[task.payload]
+        plans = [] if best is None or best > incumbent else [((best,), task.payload)]
+        return Solved(stats=_stats(complete=complete, lower=lower), plans=plans)
+
+    out = Scheduler(tasks=tasks, solve=solve, top_k=1, threads=1, budget=TimeBudget(None),
+                    stopped=lambda: False, probe=probe).run()
+    assert probed == [("a", math.inf), ("b", math.inf)]  # the twin is left to its twin
+    assert seen[0] == ("a", 100.0)  # the first full search under the probe's plan
+    assert out.complete and out.lower_bound == 100.0
+    assert out.found[0][0][0] == 100.0
+    baseline, _, _ = _run(tasks, res)
+    assert baseline.found[0][0][0] == out.found[0][0][0] and baseline.complete
