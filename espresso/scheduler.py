@@ -109,8 +109,10 @@ class Scheduler:
     """A quick search of a restricted space of a task (single-type plans), run on every task
     before the first pass (``top_k = 1``) for an incumbent: its plans are plans of the task,
     so they are kept, but it settles nothing."""
-    probe_share: float = 0.1
-    """The most of the time budget the probes may take."""
+    probe_share: float = 0.05
+    """The most of the time budget the probes may take, all together."""
+    probe_each_s: float = 0.05
+    """The most one probe may take."""
     _found: list[tuple[tuple[Any, ...], Any, int]] = field(default_factory=list)
     _counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     _peak: int = 0
@@ -166,33 +168,68 @@ class Scheduler:
         cuts the full searches from their start: the task with the best bound often holds
         only dearer mixes (a region of cheap, slow GPUs), and searched first without an
         incumbent it would prove its own optimum alone. Twins are left to their twin; the
-        probes stop at their share of the time."""
+        probes run on every thread, each at most ``probe_each_s``, all of them at most
+        ``probe_share`` of the time."""
         if self.probe is None or self.top_k != 1:
             return
         start = time.monotonic()
         left = self.budget.share(1.0)
         allowance = None if left is None else self.probe_share * left
-        for n in live:
-            if self.stopped():
-                return
-            with self._lock:
-                hopeless = self.tasks[n].bound > self._target() * (1 + _EPS)
-            if self.tasks[n].twin is not None or hopeless:
-                continue  # (the first pass cuts it, and counts it)
-            spent = time.monotonic() - start
-            if allowance is not None and spent >= allowance:
-                return
-            with self._lock:
-                incumbent = self._kth()
-            limit = None if allowance is None else max(allowance - spent, 1e-3)
-            solved = self.probe(self.tasks[n], limit, 1, incumbent)
-            with self._lock:
-                for k in self._counters:
-                    self._counters[k] += getattr(solved.stats, k)
-                for key, p in solved.plans:
-                    self._found.append(((key[0], n, *key[1:]), p, n))
-                self._found.sort(key=lambda t: t[0])
-                del self._found[self.top_k:]
+        queue = collections.deque(n for n in live if self.tasks[n].twin is None)
+        qlock = threading.Lock()
+
+        def work() -> None:
+            while True:
+                spent = time.monotonic() - start
+                if self.stopped() or (allowance is not None and spent >= allowance):
+                    return
+                with qlock:
+                    if not queue:
+                        return
+                    n = queue.popleft()
+                with self._lock:
+                    if self.tasks[n].bound > self._target() * (1 + _EPS):
+                        continue  # (the first pass cuts it, and counts it)
+                    incumbent = self._kth()
+                limit = self.probe_each_s if allowance is None else max(
+                    min(self.probe_each_s, allowance - spent), 1e-3)
+                solved = self.probe(self.tasks[n], limit, 1, incumbent)
+                with self._lock:
+                    for k in self._counters:
+                        self._counters[k] += getattr(solved.stats, k)
+                    for key, p in solved.plans:
+                        self._found.append(((key[0], n, *key[1:]), p, n))
+                    self._found.sort(key=lambda t: t[0])
+                    del self._found[self.top_k:]
+
+        self._spread(work, min(self.threads, len(queue)))
+
+    def _spread(self, work: Callable[[], None], workers: int) -> None:
+        """``work`` on ``workers`` threads (this one among them): a thread the system cannot
+        start is done without."""
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            try:
+                work()
+            except BaseException as exc:  # re-raised in the caller's thread below
+                errors.append(exc)
+                if self.on_error is not None:
+                    self.on_error()
+
+        pool: list[threading.Thread] = []
+        for i in range(max(0, workers - 1)):
+            t = threading.Thread(target=worker, name=f"espresso-probe-{i}")
+            try:
+                t.start()
+            except RuntimeError:
+                break
+            pool.append(t)
+        worker()
+        for t in pool:
+            t.join()
+        if errors:
+            raise errors[0]
 
     def _first_pass(self, live: list[int]) -> None:
         # Side by side when there are more subproblems than threads (a cloud snapshot): one
