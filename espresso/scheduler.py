@@ -202,11 +202,13 @@ class Scheduler:
                     self._found.sort(key=lambda t: t[0])
                     del self._found[self.top_k:]
 
-        self._spread(work, min(self.threads, len(queue)))
+        self._spread(work, min(self.threads, len(queue)), "espresso-probe")
 
-    def _spread(self, work: Callable[[], None], workers: int) -> None:
-        """``work`` on ``workers`` threads (this one among them): a thread the system cannot
-        start is done without."""
+    def _spread(self, work: Callable[[], None], workers: int, name: str) -> int:
+        """``work`` on ``workers`` threads, this one among them (a thread the system cannot
+        start, a memory or process limit, is done without: the others take its share); the
+        first error is re-raised here after the others were told to stop. Returns the
+        number of threads that ran."""
         errors: list[BaseException] = []
 
         def worker() -> None:
@@ -215,11 +217,11 @@ class Scheduler:
             except BaseException as exc:  # re-raised in the caller's thread below
                 errors.append(exc)
                 if self.on_error is not None:
-                    self.on_error()
+                    self.on_error()  # stop the other searches too
 
         pool: list[threading.Thread] = []
         for i in range(max(0, workers - 1)):
-            t = threading.Thread(target=worker, name=f"espresso-probe-{i}")
+            t = threading.Thread(target=worker, name=f"{name}-{i}")
             try:
                 t.start()
             except RuntimeError:
@@ -230,6 +232,7 @@ class Scheduler:
             t.join()
         if errors:
             raise errors[0]
+        return len(pool) + 1
 
     def _first_pass(self, live: list[int]) -> None:
         # Side by side when there are more subproblems than threads (a cloud snapshot): one
@@ -269,32 +272,7 @@ class Scheduler:
         if workers == 1:
             work(self.threads)
             return
-        errors: list[BaseException] = []
-
-        def worker() -> None:
-            try:
-                work(1)
-            except BaseException as exc:  # re-raised in the caller's thread below
-                errors.append(exc)
-                if self.on_error is not None:
-                    self.on_error()  # stop the other searches too
-
-        # This thread is one worker. A thread the system cannot start (a memory or process
-        # limit) is done without: the others take its share of the queue.
-        pool: list[threading.Thread] = []
-        for i in range(workers - 1):
-            t = threading.Thread(target=worker, name=f"espresso-domain-{i}")
-            try:
-                t.start()
-            except RuntimeError:
-                break
-            pool.append(t)
-        worker()
-        for t in pool:
-            t.join()
-        self._threads_used = len(pool) + 1
-        if errors:
-            raise errors[0]
+        self._threads_used = self._spread(lambda: work(1), workers, "espresso-domain")
 
     def _second_pass(self) -> None:
         self._retry.sort()

@@ -558,7 +558,8 @@ def test_threads_the_system_cannot_start_are_done_without() -> None:
 
 
 def test_domain_threads_that_cannot_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Subproblems searched side by side: a thread that cannot start is done without."""
+    """Subproblems searched (and probed) side by side: a thread that cannot start is done
+    without."""
     import threading
 
     job = _llama_job("3d")
@@ -566,7 +567,7 @@ def test_domain_threads_that_cannot_start(monkeypatch: pytest.MonkeyPatch) -> No
     real_start = threading.Thread.start
 
     def start(self: threading.Thread) -> None:
-        if self.name.startswith("espresso-domain-"):
+        if self.name.startswith(("espresso-domain-", "espresso-probe-")):
             msg = "can't start new thread"
             raise RuntimeError(msg)
         real_start(self)
