@@ -11,6 +11,8 @@ import itertools
 import math
 from collections.abc import Callable, Iterator
 
+import pytest
+
 import espresso as es
 
 
@@ -132,3 +134,14 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                         elif est.total_usd <= budget_usd and est.total_hours < best:
                             best, best_plan = est.total_hours, plan
     return best, best_plan, count
+
+
+def assert_same_optimum(result: es.SearchResult, expected: float, plan: object) -> None:
+    """The search ran to the end and found the brute force's optimum (``expected``, its total
+    cost; infinite: neither has a plan). ``plan``: the brute force's, shown on failure."""
+    assert result.stats.complete
+    got = result.plans[0].estimate.total_usd if result.plans else math.inf  # type: ignore[union-attr]
+    if math.isinf(expected):
+        assert math.isinf(got)
+    else:
+        assert got == pytest.approx(expected, rel=1e-9), plan

@@ -349,7 +349,7 @@ def test_hosts_hold_each_gpu_group_once() -> None:
 def test_interleaved_search_with_nccl_buffers_equals_brute_force(seed: int) -> None:
     """With NCCL buffers per communicator, an interleaved group's usable memory is its
     stages' (TP, DP, pipeline): the search still proves the brute force's optimum."""
-    from _bruteforce import brute_force
+    from _bruteforce import assert_same_optimum, brute_force
     from test_search import SMALL
 
     cost = es.CostParams(reserved_gb=0.0, nccl_gb_per_group=0.02)
@@ -358,9 +358,4 @@ def test_interleaved_search_with_nccl_buffers_equals_brute_force(seed: int) -> N
                                     max_tp=2, cost_model=cost, virtual_stages=(1, 2, 3))
     r = es.search(job, catalog, max_stages=3,
                   **{**SMALL, "virtual_stages": (1, 2, 3), "cost_model": cost})  # type: ignore[arg-type]
-    assert r.stats.complete
-    got = r.plans[0].estimate.total_usd if r.plans else math.inf  # type: ignore[union-attr]
-    if math.isinf(expected):
-        assert math.isinf(got)
-    else:
-        assert got == pytest.approx(expected, rel=1e-9), plan
+    assert_same_optimum(r, expected, plan)

@@ -11,7 +11,7 @@ import re
 from dataclasses import replace
 
 import pytest
-from _bruteforce import brute_force, compositions
+from _bruteforce import assert_same_optimum, brute_force, compositions
 
 import espresso as es
 
@@ -125,13 +125,16 @@ def test_search_equals_brute_force_with_nccl_buffers_per_stage(seed: int,
     most lenient stage) stay upper bounds and its plan is the cheapest."""
     job, catalog = random_instance(seed, max_stages)
     cost = es.CostParams(reserved_gb=0.0, nccl_gb_per_group=0.012)  # changes 8 of the 30
+    _matches_brute_force(job, catalog, max_stages, cost)
+
+
+def _matches_brute_force(job: es.Job, catalog: es.Catalog, max_stages: int,
+                         cost: es.CostParams) -> None:
     expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=max_stages,
                                     max_tp=2, cost_model=cost)
-    got = search_cost(job, catalog, max_stages, cost_model=cost)
-    if math.isinf(expected):
-        assert math.isinf(got)
-    else:
-        assert got == pytest.approx(expected, rel=1e-9), plan
+    r = es.search(job, catalog, max_stages=max_stages,
+                  **{**SMALL, "cost_model": cost})  # type: ignore[arg-type]
+    assert_same_optimum(r, expected, plan)
 
 
 @pytest.mark.parametrize(("seed", "max_stages"), [(4000 + seed, 3) for seed in range(30)])
@@ -141,13 +144,7 @@ def test_search_equals_brute_force_with_exposed_sync(seed: int, max_stages: int)
     on k_all less one backward."""
     job, catalog = random_instance(seed, max_stages, slow_links=True)
     cost = es.CostParams(reserved_gb=0.0, overlap_grad_reduce=False, p2p_overlap=False)
-    expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=max_stages,
-                                    max_tp=2, cost_model=cost)
-    got = search_cost(job, catalog, max_stages, cost_model=cost)
-    if math.isinf(expected):
-        assert math.isinf(got)
-    else:
-        assert got == pytest.approx(expected, rel=1e-9), plan
+    _matches_brute_force(job, catalog, max_stages, cost)
 
 
 @pytest.mark.parametrize(("seed", "overlap_grad_reduce"),
