@@ -66,8 +66,9 @@ class Solved:
     """``(key, plan)`` pairs: key = (objective, tie-break...), smaller is better."""
 
 
-Solve = Callable[[Task, float | None, int, float], Solved]
-"""``solve(task, time limit in s or None, threads, incumbent objective)``."""
+Solve = Callable[..., Solved]
+"""``solve(task, time limit in s or None, threads, incumbent objective)``, and ``crew=`` (the
+core's ``Crew`` of that search) when the scheduler has a ``crew`` factory."""
 
 
 @dataclass(slots=True)
@@ -113,6 +114,12 @@ class Scheduler:
     """The most of the time budget the probes may take, all together."""
     probe_each_s: float = 0.05
     """The most one probe may take."""
+    crew: Callable[[], Any] | None = None
+    """Makes a crew for one search (the core's ``Crew``), handed to ``solve`` as ``crew=``: a
+    worker whose queue is empty joins a running search through it instead of idling, and a
+    search's share of the time is its crew's deadline, which the scheduler moves once no task
+    waits (the search then runs on instead of starting over in pass 2). None: each search's
+    time limit is its share."""
     _found: list[tuple[tuple[Any, ...], Any, int]] = field(default_factory=list)
     _counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     _peak: int = 0
@@ -129,6 +136,10 @@ class Scheduler:
     _twins: dict[int, list[int]] = field(default_factory=dict)
     _open: dict[int, float] = field(default_factory=dict)
     """Lower bounds of the tasks whose last search was cut short."""
+    _crews: dict[int, Any] = field(default_factory=dict)
+    """The crews of the searches running now."""
+    _waiting: bool = True
+    """Some task still waits for a worker (false once the first pass's queue is empty)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # ------------------------------------------------------------------ the whole
@@ -269,10 +280,35 @@ class Scheduler:
                     continue
                 self._run(n, self._share(workers, remaining, lead), threads_each)
 
+        def work_then_help() -> None:
+            work(1)
+            self._help()
+
         if workers == 1:
             work(self.threads)
             return
-        self._threads_used = self._spread(lambda: work(1), workers, "espresso-domain")
+        self._threads_used = self._spread(work_then_help, workers, "espresso-domain")
+
+    def _help(self) -> None:
+        """No task waits: the searches still running may use their whole time, and this
+        worker joins the one with the least bound (the one the proof waits for) until it
+        ends, then the next."""
+        if self.crew is None:
+            return
+        with self._lock:
+            self._waiting = False
+            for crew in self._crews.values():
+                crew.stop_after(math.inf)
+        helped: set[int] = set()
+        while not self.stopped():
+            with self._lock:
+                running = sorted((self._pending.get(n, self.tasks[n].bound), n)
+                                 for n, crew in self._crews.items() if id(crew) not in helped)
+                if not running:
+                    return
+                crew = self._crews[running[0][1]]
+            helped.add(id(crew))
+            crew.help()  # returns once that search has ended
 
     def _second_pass(self) -> None:
         self._retry.sort()
@@ -347,14 +383,26 @@ class Scheduler:
         return min(left, max(fair, 0.5 * left) if lead else fair)
 
     def _run(self, n: int, limit: float | None, threads: int) -> None:
+        crew = self.crew() if self.crew is not None else None
         with self._lock:
             incumbent = self._kth()
             self._running.add(n)
+            if crew is not None:
+                # The share is the crew's deadline, moved once no task waits; the search's
+                # own limit is what is left of the whole.
+                if limit is not None and self._waiting:
+                    crew.stop_after(limit)
+                limit = self.budget.share(1.0)
+                self._crews[n] = crew
         try:
-            solved = self.solve(self.tasks[n], limit, threads, incumbent)
+            if crew is None:
+                solved = self.solve(self.tasks[n], limit, threads, incumbent)
+            else:
+                solved = self.solve(self.tasks[n], limit, threads, incumbent, crew=crew)
         finally:
             with self._lock:
                 self._running.discard(n)
+                self._crews.pop(n, None)
         st = solved.stats
         with self._lock:
             self._searched.add(n)

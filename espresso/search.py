@@ -409,13 +409,14 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     dims, core_cost = job.model._dims(), cost._core()
 
     def solve(task: Task, limit: float | None, threads_each: int, incumbent: float,
-              single_type: bool = False) -> Solved:
+              single_type: bool = False, crew: Any = None) -> Solved:
         sp, rows, specs = task.payload.sp, task.payload.rows, task.payload.specs
         o = options(time_limit_s=None, threads=threads_each)
         if single_type:
             o.max_gpu_types = 1
         o.monitor = opts.monitor
         o.shared = shared
+        o.crew = crew
         # A domain that spans locations also returns plans in one location, which are not
         # kept (their own subproblem prices them): its plans must not set the incumbent.
         o.share_plans = not sp.spans
@@ -442,6 +443,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                           budget=budget, stopped=stopped, shared=shared, gap=opts.gap,
                           probe=probe if shared is not None and opts.max_gpu_types > 1
                           and len(tasks) > 1 else None,
+                          crew=core.Crew if shared is not None else None,
                           on_error=opts.monitor.cancel if opts.monitor is not None else None)
     if progress is not None:  # the live gap is the whole search's, as the final one
         progress._attach(scheduler.live)

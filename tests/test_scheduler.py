@@ -4,6 +4,7 @@ short, twins, and the gap it shows while running against the one it returns."""
 from __future__ import annotations
 
 import math
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -114,3 +115,53 @@ def test_probes_give_the_first_full_search_an_incumbent_and_settle_nothing() -> 
     assert out.found[0][0][0] == 100.0
     baseline, _, _ = _run(tasks, res)
     assert baseline.found[0][0][0] == out.found[0][0][0] and baseline.complete
+
+
+class _Crew:
+    """A stand-in for the core's Crew: records the deadlines it is given and who helps."""
+
+    def __init__(self, log: list[tuple[Any, ...]]) -> None:
+        self.log = log
+        self.helped = threading.Event()
+        self.ended = threading.Event()
+
+    def stop_after(self, seconds: float) -> None:
+        self.log.append((self, seconds))
+
+    def help(self) -> None:
+        self.log.append((self, "help"))
+        self.helped.set()
+        self.ended.wait(10)
+
+
+def test_an_idle_worker_lets_the_running_search_run_on_and_joins_it() -> None:
+    """Two workers: 'a' (the best bound) runs long; the other worker searches 'b' and 'c',
+    then, with no task waiting, moves a's deadline to the end of the budget (a's share no
+    longer stops it) and joins a's search instead of idling."""
+    tasks = [Task(bound=10.0, payload="a"), Task(bound=20.0, payload="b"),
+             Task(bound=30.0, payload="c")]
+    log: list[tuple[Any, ...]] = []
+    crews: dict[str, _Crew] = {}
+
+    def solve(task: Task, limit: float | None, threads: int, incumbent: float,
+              crew: Any = None) -> Solved:
+        crews[task.payload] = crew
+        log.append((crew, "limit", limit))
+        if task.payload == "a":
+            assert crew.helped.wait(10)  # the other worker came to help
+            crew.ended.set()
+        best = {"a": 100.0, "b": 120.0, "c": 130.0}[task.payload]
+        return Solved(stats=_stats(complete=True, lower=best), plans=[((best,), task.payload)])
+
+    sched = Scheduler(tasks=tasks, solve=solve, top_k=1, threads=2, budget=TimeBudget(100.0),
+                      stopped=lambda: False, shared=SimpleNamespace(value=math.inf),
+                      crew=lambda: _Crew(log))
+    out = sched.run()
+    assert out.complete and out.found[0][1] == "a"
+    a = [e[1:] for e in log if e[0] is crews["a"]]
+    # Its share while others waited (at least half the budget, less than all of it), the
+    # search's own limit the whole budget, then no deadline but the budget's, then the help.
+    assert 50.0 <= a[0][0] < 100.0
+    assert a[1][0] == "limit" and a[1][1] > 99.0
+    assert a[2:] == [(math.inf,), ("help",)]
+    assert sched._crews == {}

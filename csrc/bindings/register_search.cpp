@@ -50,6 +50,15 @@ void register_search(py::module_& m) {
         .def(py::init<>())
         .def_property_readonly("value", [](const SharedIncumbent& s) { return s.value.load(); });
 
+    py::class_<Crew, std::shared_ptr<Crew>>(m, "Crew")
+        .def(py::init<>())
+        .def("help", &Crew::help, py::call_guard<py::gil_scoped_release>(),
+             "Work in the search as one more thread until it ends.")
+        .def("stop_after", &Crew::stop_after, py::arg("seconds"),
+             "The search stops that many seconds from now (inf: at its own limit).")
+        .def("yield_now", &Crew::yield_now, "Stop the search now, as its time limit would.")
+        .def_property_readonly("helpers", &Crew::helpers);
+
     py::enum_<Objective>(m, "Objective")
         .value("COST", Objective::Cost)
         .value("TIME", Objective::Time);
@@ -76,6 +85,7 @@ void register_search(py::module_& m) {
         .def_readwrite("shared", &SearchOptions::shared)
         .def_readwrite("share_plans", &SearchOptions::share_plans)
         .def_readwrite("monitor", &SearchOptions::monitor)
+        .def_readwrite("crew", &SearchOptions::crew)
         .def_readwrite("threads", &SearchOptions::threads)
         .def_readwrite("top_k", &SearchOptions::top_k)
         .def_readwrite("max_frontier", &SearchOptions::max_frontier)

@@ -45,7 +45,7 @@ constexpr double kSlack = 1e-9;  // relative: bounds never prune plans within ro
 
 // What one expansion found and did, merged into the search under the lock.
 struct Local {
-    Local(Clock::time_point deadline, const std::atomic<bool>* cancel) : sw(deadline, cancel) {}
+    Local(Clock::time_point deadline, Halt halt) : sw(deadline, halt) {}
     SearchStats s;
     std::vector<SearchPlan> plans;
     double open_lb = kInf;
@@ -62,9 +62,9 @@ public:
     BestFirst(const SearchOptions& opt, Problem& problem) : opt_(opt), problem_(problem) {}
 
     // The limits, and the incumbent given (or shared by searches beside this one).
-    void start(Clock::time_point deadline, const std::atomic<bool>* cancel) {
+    void start(Clock::time_point deadline, Halt halt) {
         deadline_ = deadline;
-        cancel_ = cancel;
+        halt_ = halt;
         threshold_.store(std::min(opt_.incumbent, shared_value()));
     }
 
@@ -103,7 +103,11 @@ public:
             }
         }
         stats_.threads = static_cast<std::int64_t>(pool.size()) + 1;
+        // Threads of the caller may join while the workers run (a crew: the scheduler's
+        // workers whose own queue is empty); the frontier outlives every one of them.
+        if (opt_.crew) opt_.crew->open([this] { help(); });
         worker();
+        if (opt_.crew) opt_.crew->close();
         for (auto& th : pool) th.join();
         SearchResult out;
         out.plans = best_;
@@ -136,8 +140,8 @@ private:
     }
 
     bool out_of_time() const {
-        if (cancel_ != nullptr && cancel_->load(std::memory_order_relaxed)) return true;
-        return deadline_ != Clock::time_point::max() && Clock::now() >= deadline_;
+        const auto t = Clock::now();
+        return halt_.now(t) || (deadline_ != Clock::time_point::max() && t >= deadline_);
     }
 
     // The smallest bound still open (under the lock): the frontier, the nodes being
@@ -186,7 +190,7 @@ private:
         }
         ++stats_.nodes_expanded;
         std::vector<Node> children;
-        Local local(deadline_, cancel_);
+        Local local(deadline_, halt_);
         const auto mark = track(node.lb);
         report_progress();
         lock.unlock();
@@ -255,7 +259,7 @@ private:
             report_progress();
             lock.unlock();
             std::vector<Node> children;
-            Local local(deadline_, cancel_);
+            Local local(deadline_, halt_);
             problem_.expand(node, thr, children, local);
             lock.lock();
             untrack(mark);
@@ -271,6 +275,16 @@ private:
             cv_.notify_all();
         }
         cv_.notify_all();
+    }
+
+    // A helper from the crew: one more worker for as long as there is work.
+    void help() {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            ++stats_.threads;
+        }
+        opt_.crew->count_helper();
+        worker();
     }
 
     void merge(const Local& l) {
@@ -317,7 +331,7 @@ private:
     std::vector<SearchPlan> best_;
     SearchStats stats_;
     Clock::time_point deadline_ = Clock::time_point::max();
-    const std::atomic<bool>* cancel_ = nullptr;
+    Halt halt_;
     std::multiset<double> inflight_;  // bounds of the nodes being processed
 };
 

@@ -25,15 +25,28 @@ struct SearchMonitor {
     std::atomic<bool> cancel{false};
 };
 
+// What stops a search besides its own deadline (either may be null): the caller's cancel
+// (the monitor's flag, shared by every search of a call) and a deadline of this one search
+// that the caller may move while it runs (its crew's: the scheduler ends a subproblem's share
+// of the time with it, or lets it run on), in Clock ticks.
+struct Halt {
+    const std::atomic<bool>* cancel = nullptr;
+    const std::atomic<Clock::rep>* until = nullptr;
+    bool set() const { return cancel != nullptr || until != nullptr; }
+    bool now(Clock::time_point t) const {
+        return (cancel != nullptr && cancel->load(std::memory_order_relaxed)) ||
+               (until != nullptr && t.time_since_epoch().count() >= until->load(std::memory_order_relaxed));
+    }
+};
+
 // Thrown inside the placer's recursions when the limit passes; caught at its top level.
 struct TimeUp {};
 
 class Stopwatch {
 public:
     Stopwatch() = default;
-    // `deadline`: Clock::time_point::max() for none. `cancel` may be null.
-    Stopwatch(Clock::time_point deadline, const std::atomic<bool>* cancel)
-        : deadline_(deadline), cancel_(cancel) {}
+    // `deadline`: Clock::time_point::max() for none.
+    Stopwatch(Clock::time_point deadline, Halt halt) : deadline_(deadline), halt_(halt) {}
 
     static Clock::time_point after(double seconds) {
         if (!(seconds > 0)) return Clock::time_point::max();
@@ -44,7 +57,7 @@ public:
                          std::chrono::duration<double>(seconds));
     }
 
-    bool limited() const { return deadline_ != Clock::time_point::max() || cancel_ != nullptr; }
+    bool limited() const { return deadline_ != Clock::time_point::max() || halt_.set(); }
 
     // True once the deadline has passed or the caller cancelled; reads the clock every
     // `stride` calls only (and always once it has said yes).
@@ -57,14 +70,14 @@ public:
 
     bool check_now() {
         if (expired_) return true;
-        if (cancel_ != nullptr && cancel_->load(std::memory_order_relaxed)) expired_ = true;
-        if (deadline_ != Clock::time_point::max() && Clock::now() >= deadline_) expired_ = true;
+        const auto t = Clock::now();
+        if (halt_.now(t) || (deadline_ != Clock::time_point::max() && t >= deadline_)) expired_ = true;
         return expired_;
     }
 
 private:
     Clock::time_point deadline_ = Clock::time_point::max();
-    const std::atomic<bool>* cancel_ = nullptr;
+    Halt halt_;
     std::int64_t calls_ = 0;
     bool expired_ = false;
 };

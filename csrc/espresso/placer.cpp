@@ -35,7 +35,7 @@ public:
     Placer(const ModelDims& model, const std::vector<GpuSpec>& gpus, const CostParams& params,
            const Workload& work, const std::vector<StageGroup>& groups, const PlaceOptions& opt)
         : model_(model), gpus_(gpus), params_(params), work_(work), opt_(opt),
-          sw_(std::min(opt.deadline, Stopwatch::after(opt.time_limit_s)), opt.cancel) {
+          sw_(std::min(opt.deadline, Stopwatch::after(opt.time_limit_s)), opt.halt) {
         P_ = static_cast<std::int64_t>(groups.size());
         L_ = model.num_layers;
         M_ = work.num_microbatches;

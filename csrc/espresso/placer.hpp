@@ -47,7 +47,7 @@ struct PlaceOptions {
     // Wall-clock limit in seconds (0: none); the search sets `deadline` instead.
     double time_limit_s = 0;
     Clock::time_point deadline = Clock::time_point::max();
-    const std::atomic<bool>* cancel = nullptr;  // stop when it turns true
+    Halt halt;  // stop when one of its flags turns true
     // Cells of the per-(group, position, layers) tables at most: beyond, the placer gives up
     // (not exhaustive) rather than allocate without bound.
     std::int64_t table_limit = 1 << 22;

@@ -94,12 +94,13 @@ SearchResult run_search(const ModelDims& model, const std::vector<GpuSpec>& gpus
                         const CostParams& params, const Workload& job, const SearchOptions& opt) {
     const auto t_start = std::chrono::steady_clock::now();
     const Clock::time_point deadline = Stopwatch::after(opt.time_limit_s);
-    const std::atomic<bool>* cancel = opt.monitor ? &opt.monitor->cancel : nullptr;
-    Stopwatch sw(deadline, cancel);
+    const Halt halt{opt.monitor ? &opt.monitor->cancel : nullptr,
+                    opt.crew ? opt.crew->until() : nullptr};
+    Stopwatch sw(deadline, halt);
     Tree tree(model, gpus, params, job, opt);
     BestFirst<Tree> engine(opt, tree);
-    engine.start(deadline, cancel);
-    tree.limits(deadline, cancel, engine.incumbent());
+    engine.start(deadline, halt);
+    tree.limits(deadline, halt, engine.incumbent());
     tree.prepare_types();
     if (tree.prepare_combos(sw)) {
         engine.stats().combos = static_cast<std::int64_t>(tree.combos().size());
@@ -116,6 +117,13 @@ SearchResult run_search(const ModelDims& model, const std::vector<GpuSpec>& gpus
 
 SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
                     const CostParams& params, const Workload& job, const SearchOptions& options) {
+    // Helpers waiting to join go home however the search ends (an error included).
+    struct Finish {
+        Crew* crew;
+        ~Finish() {
+            if (crew != nullptr) crew->finish();
+        }
+    } finish{options.crew.get()};
     validate(model);
     validate(params);
     for (std::size_t g = 0; g < gpus.size(); ++g) validate(gpus[g], g);

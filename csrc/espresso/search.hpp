@@ -20,6 +20,7 @@
 
 #include "espresso/clock.hpp"
 #include "espresso/cost_model.hpp"
+#include "espresso/crew.hpp"
 #include "espresso/placer.hpp"
 
 namespace espresso {
@@ -72,6 +73,9 @@ struct SearchOptions {
     bool share_plans = true;  // false: read `shared` only (its plans are not the caller's)
     // Read by the caller while the search runs (progress), and its cancel flag stops it.
     std::shared_ptr<SearchMonitor> monitor;
+    // Threads of the caller that may join this search while it runs, and its yield flag
+    // (stops this search alone, as its time limit would). Null: none.
+    std::shared_ptr<Crew> crew;
     std::int64_t threads = 1;
     std::int64_t top_k = 1;
     std::int64_t max_frontier = 200000;   // best-first nodes held; beyond, subtrees go depth-first

@@ -240,7 +240,7 @@ void Tree::place_allocation(const Node& node, const Combo& c, double own, double
                              : 3600.0 / iters;
     po.floor = own;
     po.deadline = deadline_;
-    po.cancel = cancel_;
+    po.halt = halt_;
     Placement pl;
     if (static_cast<std::int64_t>(groups.size()) * c.work.num_microbatches > kMaxStageMicrobatchProduct) {
         return;

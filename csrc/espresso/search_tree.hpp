@@ -33,12 +33,11 @@ public:
     // The first level: each combination whose bound is finite.
     std::vector<Node> roots() const;
 
-    // The limits an expansion keeps (the placer's included): the deadline, the cancel flag,
+    // The limits an expansion keeps (the placer's included): the deadline, the stop flags,
     // and the engine's incumbent.
-    void limits(Clock::time_point deadline, const std::atomic<bool>* cancel,
-                const std::atomic<double>* incumbent) {
+    void limits(Clock::time_point deadline, Halt halt, const std::atomic<double>* incumbent) {
         deadline_ = deadline;
-        cancel_ = cancel;
+        halt_ = halt;
         incumbent_ = incumbent;
     }
 
@@ -81,7 +80,7 @@ private:
     void place_allocation(const Node& node, const Combo& c, double own, double thr, Local& local);
 
     Clock::time_point deadline_ = Clock::time_point::max();
-    const std::atomic<bool>* cancel_ = nullptr;
+    Halt halt_;
     const std::atomic<double>* incumbent_ = nullptr;
 };
 

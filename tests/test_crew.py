@@ -1,0 +1,103 @@
+"""A running search's crew (the core's ``Crew``): threads that join it while it runs, and a
+deadline the caller moves (docs/search.md, "Subproblems side by side")."""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+import espresso as es
+from espresso._native import core
+
+_search_module = sys.modules["espresso.search"]
+
+
+@pytest.fixture(scope="module")
+def hard_search() -> tuple[Any, ...]:
+    """The arguments of a native search that takes about a second on one thread (llama2-13b,
+    1e12 tokens in 60 days over the built-in GPU types: 45k nodes), captured from a plain
+    ``espresso.search`` call, with the options it was run with."""
+    calls: list[tuple[Any, ...]] = []
+    real = core.search
+
+    class Spy:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(core, name)
+
+        def search(self, *args: Any) -> Any:
+            res = real(*args)
+            calls.append((res.stats.nodes_expanded, args))
+            return res
+
+    job = es.Job(model=es.ModelSpec.preset("llama2-13b"), tokens=1e12, deadline_hours=60 * 24)
+    _search_module.core = Spy()
+    try:
+        es.search(job, es.Catalog.builtin("gpus"), threads=1, interleave_after=())
+    finally:
+        _search_module.core = core
+    nodes, args = max(calls, key=lambda c: c[0])
+    assert nodes > 10_000  # hard enough that a helper joins it while it runs
+    return args
+
+
+def _run(args: tuple[Any, ...], crew: Any = None) -> Any:
+    *head, opts = args
+    opts.crew = crew
+    opts.threads = 1
+    opts.time_limit_s = 0.0
+    try:
+        return core.search(*head, opts)
+    finally:
+        opts.crew = None
+
+
+def _key(res: Any) -> list[tuple[float, list[tuple[int, int]]]]:
+    return [(p.objective, [(s.gpu, s.tp) for s in p.stages]) for p in res.plans]
+
+
+def test_a_helper_joins_the_search_and_the_answer_is_the_same(hard_search: Any) -> None:
+    plain = _run(hard_search)
+    assert plain.stats.complete and plain.plans
+    crew = core.Crew()
+    helper = threading.Thread(target=crew.help)
+    helper.start()  # waits for the search's engine to open
+    helped = _run(hard_search, crew)
+    helper.join(timeout=60)
+    assert not helper.is_alive()  # help() returns once the search has ended
+    assert crew.helpers >= 1  # it joined (the search runs about a second)
+    assert helped.stats.threads >= 2
+    assert helped.stats.complete and _key(helped) == _key(plain)
+    # Helping a search that has ended returns at once.
+    crew.help()
+
+
+def test_the_crews_deadline_stops_the_search_and_can_be_moved(hard_search: Any) -> None:
+    plain = _run(hard_search)
+    crew = core.Crew()
+    crew.stop_after(0.0)
+    stopped = _run(hard_search, crew)
+    assert not stopped.stats.complete and stopped.stats.timed_out
+    assert stopped.stats.lower_bound <= plain.plans[0].objective  # still a true bound
+    crew = core.Crew()
+    crew.stop_after(0.0)
+    crew.stop_after(math.inf)  # moved before it passed: the search runs to its end
+    moved = _run(hard_search, crew)
+    assert moved.stats.complete and _key(moved) == _key(plain)
+
+
+def test_help_returns_when_the_search_fails_at_its_boundary(hard_search: Any) -> None:
+    *head, _ = hard_search
+    crew = core.Crew()
+    helper = threading.Thread(target=crew.help)
+    helper.start()
+    bad = core.SearchOptions()
+    bad.top_k = 0  # refused before any engine runs
+    bad.crew = crew
+    with pytest.raises(ValueError, match="top_k"):
+        core.search(*head, bad)
+    helper.join(timeout=10)
+    assert not helper.is_alive()
