@@ -138,6 +138,12 @@ def _depth(max_stages: int | Sequence[int]) -> tuple[int, list[int]]:
     return v.integer("max_stages", max_stages, minimum=1, maximum=1024), []
 
 
+def _deep_is_single_type(tiers: Sequence[int]) -> bool:
+    """Depth by variety where only plans of one GPU type go deeper than the rest (the default
+    ``(64, 8)``): the deep tiers then lie inside the single-type plans."""
+    return len(tiers) >= 2 and tiers[1] == tiers[-1]
+
+
 def depth_words(max_stages: int | Sequence[int]) -> str:
     """``max_stages`` in words: "at most 8 stages", "at most 64 stages (8 with 3+ GPU types)"."""
     deepest, tiers = _depth(max_stages)
@@ -409,11 +415,15 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     dims, core_cost = job.model._dims(), cost._core()
 
     def solve(task: Task, limit: float | None, threads_each: int, incumbent: float,
-              single_type: bool = False, crew: Any = None) -> Solved:
+              single_type: bool = False, crew: Any = None, probed: bool = False) -> Solved:
         sp, rows, specs = task.payload.sp, task.payload.rows, task.payload.specs
         o = options(time_limit_s=None, threads=threads_each)
         if single_type:
             o.max_gpu_types = 1
+        elif probed and _deep_is_single_type(o.max_stages_by_types):
+            # The probe searched the task's single-type plans to the end, the deep tiers
+            # among them: only the shallow space is left (the native deep pass is skipped).
+            o.max_stages, o.max_stages_by_types = min(o.max_stages, o.max_stages_by_types[-1]), []
         o.monitor = opts.monitor
         o.shared = shared
         o.crew = crew

@@ -7,9 +7,8 @@
 // (`help()`), taking nodes from the same frontier as one more worker, in each of the search's
 // passes, until the search ends. The engine opens the crew while its workers run and closes
 // it (waiting for every helper to leave) before its frontier goes away. The crew's deadline
-// (`stop_after`) stops the search as its time limit would, and can be moved while it runs:
-// the scheduler gives a subproblem its share of the time with it, and lets it run on (to the
-// search's own limit, the whole budget) when no other subproblem waits for the thread.
+// (`stop_after`) stops the search as its time limit would and can be moved while it runs (a
+// share of the time a caller can still extend).
 #pragma once
 
 #include <atomic>
