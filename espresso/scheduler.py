@@ -11,11 +11,12 @@ is exact too (docs/search.md, "Subproblems"):
   thread takes subproblems from a queue and searches each on one thread; the workers share
   their best objective through the core's ``SharedIncumbent``, so a plan proven anywhere cuts
   every other search at once. Otherwise subproblems run one after another on every thread.
-* **time shares.** One after another, pass 1 gives each subproblem a fair share of the time
-  left (the leading one at least half of it), so one hard domain cannot starve the others;
+* **time shares.** Pass 1 gives each subproblem a fair share of the time left (the leading
+  ones, one per worker, at least half of it), so one hard domain cannot starve the others;
   pass 2 returns to those a share did not finish, best bound first, with the incumbent of all.
-  Side by side, a search runs to its end (or the budget's), and a worker whose queue is empty
-  joins the running search with the least bound (the core's ``Crew``).
+  Side by side, a share is cut only when a better plan has been found since the search began
+  (its restart then prunes more), it is lifted once no task waits, and a worker whose queue
+  is empty joins the running search with the least bound (the core's ``Crew``).
 * **stopping.** When the time is spent or the progress is cancelled, what is left keeps its
   bound; the result's lower bound is the least of the open bounds and the best plan.
 
@@ -118,10 +119,11 @@ class Scheduler:
     probe_each_s: float = 0.2
     """The most one probe may take."""
     crew: Callable[[], Any] | None = None
-    """Makes a crew for one search (the core's ``Crew``), handed to ``solve`` as ``crew=``:
-    side by side, no search is then cut for another's sake, and a worker whose queue is empty
-    joins a running search through it instead of idling. None: each search gets a share of
-    the time."""
+    """Makes a crew for one search (the core's ``Crew``), handed to ``solve`` as ``crew=``: a
+    search's share of the time is its crew's deadline, renewed while no better plan has been
+    found since it began and lifted once no task waits, and a worker whose queue is empty
+    joins a running search through it instead of idling. None: each search's time limit is
+    its share."""
     _found: list[tuple[tuple[Any, ...], Any, int]] = field(default_factory=list)
     _counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     _peak: int = 0
@@ -140,6 +142,8 @@ class Scheduler:
     """Lower bounds of the tasks whose last search was cut short."""
     _crews: dict[int, Any] = field(default_factory=dict)
     """The crews of the searches running now."""
+    _waiting: bool = True
+    """Some task still waits for a worker (false once the first pass's queue is empty)."""
     _probed: set[int] = field(default_factory=set)
     """Tasks whose probe searched its restricted space to the end (``solve(probed=True)``:
     the full search may leave that space out where only it is costly)."""
@@ -295,10 +299,15 @@ class Scheduler:
         self._threads_used = self._spread(work_then_help, workers, "espresso-domain")
 
     def _help(self) -> None:
-        """No task waits: this worker joins the running search with the least bound (the one
-        the proof waits for) until it ends, then the next."""
+        """No task waits: the searches still running may use the whole budget, and this
+        worker joins the one with the least bound (the one the proof waits for) until it
+        ends, then the next."""
         if self.crew is None:
             return
+        with self._lock:
+            self._waiting = False
+            for crew in self._crews.values():
+                crew.stop_after(math.inf)
         helped: set[int] = set()
         while not self.stopped():
             with self._lock:
@@ -379,12 +388,6 @@ class Scheduler:
         left = self.budget.share(1.0)
         if left is None:
             return None
-        if self.crew is not None and workers > 1:
-            # Side by side with crews: no task is cut for another's sake. A search cut short
-            # starts over in pass 2, and the proof needs every task below the incumbent
-            # searched to its end anyway; the other workers go on through the queue (the
-            # probes' plans cut it), and a worker with nothing left joins a running search.
-            return left
         fair = left * workers / remaining
         return min(left, max(fair, 0.5 * left) if lead else fair)
 
@@ -394,6 +397,12 @@ class Scheduler:
             incumbent = self._kth()
             self._running.add(n)
             if crew is not None:
+                # The share is the crew's deadline: renewed while no better plan has been found
+                # since the search began (a restart would search the same nodes again), lifted
+                # once no task waits; the search's own limit is what is left of the whole.
+                if limit is not None and self._waiting:
+                    crew.share(limit)
+                limit = self.budget.share(1.0)
                 self._crews[n] = crew
         extra: dict[str, Any] = {}
         if crew is not None:

@@ -101,3 +101,38 @@ def test_help_returns_when_the_search_fails_at_its_boundary(hard_search: Any) ->
         core.search(*head, bad)
     helper.join(timeout=10)
     assert not helper.is_alive()
+
+
+def _run_shared(args: tuple[Any, ...], crew: Any, incumbent: float) -> Any:
+    opts = args[-1]
+    opts.shared = core.SharedIncumbent()
+    opts.incumbent = incumbent
+    try:
+        return _run(args, crew)
+    finally:
+        opts.shared = None
+        opts.incumbent = math.inf
+
+
+def test_a_share_is_renewed_until_a_better_plan_is_found(hard_search: Any) -> None:
+    """A share runs out only once a plan better than the one the search began under has been
+    found (a restart would then prune more); before that it is renewed, since a restart would
+    search the same nodes again."""
+    best = _run(hard_search).plans[0].objective
+    # Under the optimum as incumbent nothing better exists: the share is renewed to the end.
+    crew = core.Crew()
+    crew.share(1e-4)
+    renewed = _run_shared(hard_search, crew, best)
+    assert renewed.stats.complete and not renewed.stats.timed_out
+    assert renewed.stats.nodes_expanded > 100  # it ran long past its first share
+    # The same deadline set with stop_after is not renewed.
+    crew = core.Crew()
+    crew.stop_after(1e-4)
+    cut = _run_shared(hard_search, crew, best)
+    assert not cut.stats.complete and cut.stats.timed_out
+    # Without an incumbent the search's own first plan lowers the shared one: the share ends.
+    crew = core.Crew()
+    crew.share(1e-4)
+    ended = _run_shared(hard_search, crew, math.inf)
+    assert ended.plans and not ended.stats.complete and ended.stats.timed_out
+    assert ended.stats.lower_bound <= best

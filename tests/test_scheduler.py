@@ -118,21 +118,29 @@ def test_probes_give_the_first_full_search_an_incumbent_and_settle_nothing() -> 
 
 
 class _Crew:
-    """A stand-in for the core's Crew: records who helps, and lets its search end then."""
+    """A stand-in for the core's Crew: records its deadlines and who helps, and lets its
+    search end once helped."""
 
     def __init__(self, log: list[tuple[Any, ...]]) -> None:
         self.log = log
         self.helped = threading.Event()
+
+    def share(self, seconds: float) -> None:
+        self.log.append((self, "share", seconds))
+
+    def stop_after(self, seconds: float) -> None:
+        self.log.append((self, "stop_after", seconds))
 
     def help(self) -> None:
         self.log.append((self, "help"))
         self.helped.set()
 
 
-def test_an_idle_worker_joins_the_running_search_which_is_not_cut() -> None:
+def test_an_idle_worker_lifts_the_shares_and_joins_the_running_search() -> None:
     """Two workers side by side: 'a' (the best bound) runs long; the other worker searches
-    'b' and 'c', then, with no task waiting, joins a's search instead of idling. No search
-    is cut for another's sake: each may run to the end of the budget."""
+    'b' and 'c'. While 'c' waits, 'a' and 'b' run under a share of the time (their crews'
+    deadlines); once no task waits, the shares of the searches still running are lifted and
+    the idle worker joins a's search instead of idling."""
     tasks = [Task(bound=10.0, payload="a"), Task(bound=20.0, payload="b"),
              Task(bound=30.0, payload="c")]
     log: list[tuple[Any, ...]] = []
@@ -152,8 +160,20 @@ def test_an_idle_worker_joins_the_running_search_which_is_not_cut() -> None:
                       crew=lambda: _Crew(log))
     out = sched.run()
     assert out.complete and out.found[0][1] == "a"
+
+    def events(name: str, kind: str) -> list[float]:
+        return [e[2] for e in log if e[0] is crews[name] and e[1] == kind]
+
     for name in "abc":
-        limits = [e[2] for e in log if e[0] is crews[name] and e[1] == "limit"]
-        assert len(limits) == 1 and limits[0] > 99.0  # the whole budget, not a share
+        # The search's own limit is what is left of the budget; the share is the crew's.
+        assert len(events(name, "limit")) == 1 and events(name, "limit")[0] > 99.0
+    # 'a' and 'b' started while 'c' waited: each got a share (a's, of three tasks on two
+    # workers, is two thirds of the budget; b's, of the two left, all that is left).
+    assert len(events("a", "share")) == 1 and 60.0 < events("a", "share")[0] < 70.0
+    assert len(events("b", "share")) == 1 and events("b", "share")[0] > 0
+    assert all(s > 99.0 for s in events("c", "share"))  # the last task: all that is left
+    # Once the queue was empty, a's share was lifted before the idle worker joined it.
+    lifted = log.index((crews["a"], "stop_after", math.inf))
+    assert lifted < log.index((crews["a"], "help"))
     assert [e[0] for e in log if e[1] == "help"] == [crews["a"]]
     assert sched._crews == {}

@@ -56,6 +56,9 @@ void register_search(py::module_& m) {
              "Work in the search as one more thread until it ends.")
         .def("stop_after", &Crew::stop_after, py::arg("seconds"),
              "The search stops that many seconds from now (inf: at its own limit).")
+        .def("share", &Crew::share, py::arg("seconds"),
+             "The search stops that many seconds from now, unless no better plan has been "
+             "found since it began (the share is then renewed).")
         .def("yield_now", &Crew::yield_now, "Stop the search now, as its time limit would.")
         .def_property_readonly("helpers", &Crew::helpers);
 

@@ -26,16 +26,17 @@ struct SearchMonitor {
 };
 
 // What stops a search besides its own deadline (either may be null): the caller's cancel
-// (the monitor's flag, shared by every search of a call) and a deadline of this one search
-// that the caller may move while it runs (its crew's: the scheduler ends a subproblem's share
-// of the time with it, or lets it run on), in Clock ticks.
+// (the monitor's flag, shared by every search of a call) and a deadline of this one search that
+// the caller may move while it runs (its crew's, crew.hpp: the scheduler's share of the time),
+// asked through `passed`.
 struct Halt {
     const std::atomic<bool>* cancel = nullptr;
-    const std::atomic<Clock::rep>* until = nullptr;
-    bool set() const { return cancel != nullptr || until != nullptr; }
+    bool (*passed)(void* ctx, Clock::time_point t) = nullptr;
+    void* ctx = nullptr;
+    bool set() const { return cancel != nullptr || passed != nullptr; }
     bool now(Clock::time_point t) const {
         return (cancel != nullptr && cancel->load(std::memory_order_relaxed)) ||
-               (until != nullptr && t.time_since_epoch().count() >= until->load(std::memory_order_relaxed));
+               (passed != nullptr && passed(ctx, t));
     }
 };
 

@@ -1,5 +1,5 @@
-// A running search's crew: threads of the caller that join it while it runs, and a flag that
-// asks it to yield. Pure C++.
+// Searches side by side: the incumbent they share, and a running search's crew (threads of
+// the caller that join it while it runs, and a deadline the caller moves). Pure C++.
 //
 // The scheduler of a catalog's subproblems (espresso/scheduler.py) runs one search per worker
 // thread. A worker whose queue is empty would sit idle while another worker's search, often
@@ -7,8 +7,10 @@
 // (`help()`), taking nodes from the same frontier as one more worker, in each of the search's
 // passes, until the search ends. The engine opens the crew while its workers run and closes
 // it (waiting for every helper to leave) before its frontier goes away. The crew's deadline
-// (`stop_after`) stops the search as its time limit would and can be moved while it runs (a
-// share of the time a caller can still extend).
+// stops the search as its time limit would and can be moved while it runs: the scheduler gives
+// a subproblem its share of the time with it (`share`), renewed while no better plan has been
+// found since the search began (cut then, the search would start over under the same
+// incumbent), and lifts it (`stop_after(inf)`) once no other subproblem waits.
 #pragma once
 
 #include <atomic>
@@ -21,6 +23,17 @@
 #include "espresso/clock.hpp"
 
 namespace espresso {
+
+// The best objective of searches that run side by side (one per network domain, say):
+// each takes it as an incumbent and lowers it with its own plans. Only with top_k = 1.
+struct SharedIncumbent {
+    std::atomic<double> value{std::numeric_limits<double>::infinity()};
+    void offer(double v) {
+        double cur = value.load();
+        while (v < cur && !value.compare_exchange_weak(cur, v)) {
+        }
+    }
+};
 
 class Crew {
 public:
@@ -50,13 +63,51 @@ public:
             yield_now();
             return;
         }
+        renew_s_.store(0.0, std::memory_order_relaxed);
         until_.store(Stopwatch::after(seconds).time_since_epoch().count(), std::memory_order_relaxed);
     }
-    void yield_now() { until_.store(std::numeric_limits<Clock::rep>::min(), std::memory_order_relaxed); }
-    const std::atomic<Clock::rep>* until() const { return &until_; }
-    std::int64_t helpers() const { return joined_.load(std::memory_order_relaxed); }
+    // A share of the time: the search stops `seconds` from now unless no better plan has been
+    // found since it began (the shared incumbent it was armed with has not fallen): then a
+    // restart would search the same nodes again, and the share is renewed instead.
+    void share(double seconds) {
+        if (!(seconds > 0)) {
+            yield_now();
+            return;
+        }
+        renew_s_.store(seconds, std::memory_order_relaxed);
+        until_.store(Stopwatch::after(seconds).time_since_epoch().count(), std::memory_order_relaxed);
+    }
+    void yield_now() { until_.store(kNow, std::memory_order_relaxed); }
 
     // ---------------------------------------------------------------- the search's side
+    // Before its engines run: the incumbent the search began under, and where later plans
+    // (its own and other searches') lower it.
+    void arm(const SharedIncumbent* shared, double incumbent) {
+        shared_ = shared;
+        baseline_ = incumbent;
+    }
+
+    // Whether the crew's deadline has passed at `t` (renewing a share that is still of use).
+    bool passed(Clock::time_point t) {
+        const Clock::rep now = t.time_since_epoch().count();
+        Clock::rep until = until_.load(std::memory_order_relaxed);
+        if (now < until) return false;
+        if (until == kNow) return true;
+        const double renew = renew_s_.load(std::memory_order_relaxed);
+        if (renew > 0 && shared_ != nullptr && !(shared_->value.load() < baseline_ * (1 - 1e-9))) {
+            // (another thread may have moved the deadline meanwhile: then that one holds)
+            until_.compare_exchange_strong(until, Stopwatch::after(renew).time_since_epoch().count());
+            return false;
+        }
+        return true;
+    }
+    static bool passed_at(void* crew, Clock::time_point t) { return static_cast<Crew*>(crew)->passed(t); }
+
+    // The caller's stop flags with this crew's deadline.
+    Halt halt(const std::atomic<bool>* cancel) { return Halt{cancel, &Crew::passed_at, this}; }
+
+    std::int64_t helpers() const { return joined_.load(std::memory_order_relaxed); }
+
     // An engine's workers run: helpers may join with `work` (one more worker).
     void open(std::function<void()> work) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -89,7 +140,11 @@ private:
     std::uint64_t generation_ = 0;
     std::int64_t inside_ = 0;
     bool done_ = false;
+    static constexpr Clock::rep kNow = std::numeric_limits<Clock::rep>::min();
     std::atomic<Clock::rep> until_{std::numeric_limits<Clock::rep>::max()};
+    std::atomic<double> renew_s_{0.0};
+    const SharedIncumbent* shared_ = nullptr;
+    double baseline_ = std::numeric_limits<double>::infinity();
     std::atomic<std::int64_t> joined_{0};
 };
 

@@ -94,8 +94,8 @@ SearchResult run_search(const ModelDims& model, const std::vector<GpuSpec>& gpus
                         const CostParams& params, const Workload& job, const SearchOptions& opt) {
     const auto t_start = std::chrono::steady_clock::now();
     const Clock::time_point deadline = Stopwatch::after(opt.time_limit_s);
-    const Halt halt{opt.monitor ? &opt.monitor->cancel : nullptr,
-                    opt.crew ? opt.crew->until() : nullptr};
+    const std::atomic<bool>* cancel = opt.monitor ? &opt.monitor->cancel : nullptr;
+    const Halt halt = opt.crew ? opt.crew->halt(cancel) : Halt{cancel};
     Stopwatch sw(deadline, halt);
     Tree tree(model, gpus, params, job, opt);
     BestFirst<Tree> engine(opt, tree);
@@ -124,6 +124,10 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
             if (crew != nullptr) crew->finish();
         }
     } finish{options.crew.get()};
+    if (options.crew) {
+        options.crew->arm(options.shared.get(),
+                          std::min(options.incumbent, options.shared ? options.shared->value.load() : kInf));
+    }
     validate(model);
     validate(params);
     for (std::size_t g = 0; g < gpus.size(); ++g) validate(gpus[g], g);

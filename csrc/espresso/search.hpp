@@ -27,17 +27,6 @@ namespace espresso {
 
 enum class Objective : int { Cost = 0, Time = 1 };
 
-// The best objective of searches that run side by side (one per network domain, say):
-// each takes it as an incumbent and lowers it with its own plans. Only with top_k = 1.
-struct SharedIncumbent {
-    std::atomic<double> value{std::numeric_limits<double>::infinity()};
-    void offer(double v) {
-        double cur = value.load();
-        while (v < cur && !value.compare_exchange_weak(cur, v)) {
-        }
-    }
-};
-
 struct SearchOptions {
     std::vector<std::int64_t> micro_batch_sizes{1, 2, 4, 8};
     std::vector<Recompute> recompute{Recompute::None, Recompute::Full};
