@@ -357,10 +357,10 @@ def test_deadline_infeasible_is_explained() -> None:
     assert f"{fastest.estimate.total_hours:,.2f} h" in msg or "days" in msg
 
 
-def test_the_fastest_plan_explaining_a_no_gets_a_tenth_of_the_limit(
+def test_the_fastest_plan_explaining_a_no_gets_a_share_of_the_limit(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The "no plan meets the deadline" is proven by the cost search; the fastest-plan
-    search that explains it stops after a tenth of the call's limit (at least
+    search that explains it stops after EXPLAIN_SHARE of the call's limit (at least
     EXPLAIN_MIN_S), not what is left of it, which still sizes its subproblems' slices."""
     search_mod = importlib.import_module("espresso.search")
     seen: list[float | None] = []
@@ -375,7 +375,8 @@ def test_the_fastest_plan_explaining_a_no_gets_a_tenth_of_the_limit(
 
     monkeypatch.setattr(search_mod, "search", spy)
     job = _llama_job("1h")
-    for limit, share in ((600.0, 60.0), (30.0, search_mod.EXPLAIN_MIN_S)):
+    for limit, share in ((600.0, 600.0 * search_mod.EXPLAIN_SHARE),
+                         (30.0, search_mod.EXPLAIN_MIN_S)):
         with pytest.raises(es.InfeasibleError):
             es.plan(job, max_stages=4, time_limit_s=limit)
         assert seen[-1] is not None and seen[-1] <= share + 1e-9, (limit, seen)
