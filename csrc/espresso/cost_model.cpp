@@ -355,9 +355,9 @@ BlockStash block_stash(const ModelDims& model, const GpuSpec& g, const CostParam
     return out;
 }
 
-StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostParams& params,
-                         const Workload& work, std::int64_t tp, std::int64_t num_layers,
-                         std::int64_t index, std::int64_t num_stages) {
+StageEstimate stage_memory(const ModelDims& model, const GpuSpec& g, const CostParams& params,
+                           const Workload& work, std::int64_t tp, std::int64_t num_layers,
+                           std::int64_t index, std::int64_t num_stages) {
     StageEstimate e;
     const std::int64_t s = work.seq_len, b = work.micro_batch_size;
     const double td = d(tp), L = d(num_layers);
@@ -456,6 +456,20 @@ StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostPar
     e.memory_bytes = e.weights_bytes + e.grads_bytes + e.optimizer_bytes + e.activation_bytes +
                      e.transient_bytes;
     e.capacity_bytes = stage_capacity_bytes(g, params, tp, work.dp, num_stages);
+    return e;
+}
+
+StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostParams& params,
+                         const Workload& work, std::int64_t tp, std::int64_t num_layers,
+                         std::int64_t index, std::int64_t num_stages) {
+    StageEstimate e = stage_memory(model, g, params, work, tp, num_layers, index, num_stages);
+    const std::int64_t s = work.seq_len, b = work.micro_batch_size;
+    const double L = d(num_layers);
+    const bool last = index == num_stages - 1;
+    const Sharding sharding = params.zero1 ? std::max(work.sharding, Sharding::Zero1)
+                                           : work.sharding;
+    const StateShards sh = state_shards(sharding, work.dp);
+    const double per_gpu = e.params / d(tp);
 
     // Compute time per micro-batch.
     const double head_flops = last ? head_fwd_flops(model, s, b) : 0.0;

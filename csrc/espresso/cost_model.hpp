@@ -377,6 +377,11 @@ DeviceMemory device_memory(const std::vector<StageEstimate>& chunks, const Block
 StageEstimate stage_cost(const ModelDims& model, const GpuSpec& g, const CostParams& params,
                          const Workload& work, std::int64_t tp, std::int64_t num_layers,
                          std::int64_t index, std::int64_t num_stages);
+// Its memory alone (the fields up to capacity_bytes; times left 0): what stage_cost says of
+// memory, without the block times.
+StageEstimate stage_memory(const ModelDims& model, const GpuSpec& g, const CostParams& params,
+                           const Workload& work, std::int64_t tp, std::int64_t num_layers,
+                           std::int64_t index, std::int64_t num_stages);
 
 void validate(const ModelDims& m);
 void validate(const GpuSpec& g, std::size_t index);

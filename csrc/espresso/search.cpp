@@ -22,6 +22,7 @@ namespace espresso {
 namespace {
 
 using search_detail::BestFirst;
+using search_detail::FitCache;
 using search_detail::key_of;
 using search_detail::kInf;
 using search_detail::Node;
@@ -91,7 +92,8 @@ void check_options(const SearchOptions& o) {
 
 // One exact search of the space `opt` describes: the tree prepared, then run best-first.
 SearchResult run_search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
-                        const CostParams& params, const Workload& job, const SearchOptions& opt) {
+                        const CostParams& params, const Workload& job, const SearchOptions& opt,
+                        FitCache& fits) {
     const auto t_start = std::chrono::steady_clock::now();
     const Clock::time_point deadline = Stopwatch::after(opt.time_limit_s);
     const std::atomic<bool>* cancel = opt.monitor ? &opt.monitor->cancel : nullptr;
@@ -102,6 +104,7 @@ SearchResult run_search(const ModelDims& model, const std::vector<GpuSpec>& gpus
     engine.start(deadline, halt);
     tree.limits(deadline, halt, engine.incumbent());
     tree.prepare_types();
+    tree.share_fits(&fits);
     if (tree.prepare_combos(sw)) {
         engine.stats().combos = static_cast<std::int64_t>(tree.combos().size());
     }
@@ -153,7 +156,8 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
     const std::int64_t shallow = by.empty() ? options.max_stages : std::min(options.max_stages, by.back());
     const std::int64_t deepest = by.empty() ? options.max_stages : std::min(options.max_stages, by.front());
     const bool seed = options.max_gpu_types > 2 && gpus.size() > 2;
-    if (deepest <= shallow && !seed) return run_search(model, gpus, params, job, options);
+    FitCache fits;  // what memory allows each stage, shared by the passes
+    if (deepest <= shallow && !seed) return run_search(model, gpus, params, job, options, fits);
     const auto t0 = std::chrono::steady_clock::now();
     auto left = [&](double share) {  // seconds for a pass: `share` of the limit, within what is left
         if (options.time_limit_s <= 0) return 0.0;
@@ -204,7 +208,7 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
         o.max_stages_by_types.clear();
         o.max_gpu_types = 2;
         if (options.time_limit_s > 0) o.time_limit_s = left(0.1);
-        SearchResult r = run_search(model, gpus, params, job, o);
+        SearchResult r = run_search(model, gpus, params, job, o, fits);
         add(r.stats);
         merge(std::move(r.plans));
     }
@@ -214,7 +218,7 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
         o.max_stages_by_types.clear();
         o.incumbent = incumbent(options.incumbent);
         if (options.time_limit_s > 0) o.time_limit_s = left(deepest > shallow ? 0.75 : 1.0);
-        SearchResult r = run_search(model, gpus, params, job, o);
+        SearchResult r = run_search(model, gpus, params, job, o, fits);
         add(r.stats);
         complete = complete && r.stats.complete;
         lower = std::min(lower, r.stats.lower_bound);
@@ -225,7 +229,7 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
         o.covered_depth = shallow;
         o.incumbent = incumbent(options.incumbent);
         if (options.time_limit_s > 0) o.time_limit_s = left(1.0);
-        SearchResult r = run_search(model, gpus, params, job, o);
+        SearchResult r = run_search(model, gpus, params, job, o, fits);
         add(r.stats);
         complete = complete && r.stats.complete;
         lower = std::min(lower, r.stats.lower_bound);

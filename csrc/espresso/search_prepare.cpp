@@ -224,6 +224,9 @@ bool Tree::prepare_combos(Stopwatch& sw) {
                     }
                     c.max_layers.resize(gpus_.size());
                     c.max_layers_k.resize(gpus_.size());
+                    c.block_s.resize(gpus_.size());
+                    c.head_s.resize(gpus_.size());
+                    c.unit_s.resize(gpus_.size());
                     c.max_stages = std::min(opt_.max_stages, model_.num_layers);
                     if (c.work.schedule == Schedule::OneFOneB && c.work.num_microbatches > 1) {
                         c.max_stages = std::min(c.max_stages, c.work.num_microbatches);
@@ -234,30 +237,17 @@ bool Tree::prepare_combos(Stopwatch& sw) {
                                 ? 1
                                 : std::max<std::int64_t>(1, std::min(std::min(opt_.max_stages, model_.num_layers),
                                                                     c.work.num_microbatches));
-                    Workload lenient = c.work;
-                    lenient.schedule = Schedule::GPipe;
-                    lenient.num_microbatches = 1;
                     for (const std::int64_t t : order_) {
                         if (sw.expired(16)) return false;
                         const auto st = static_cast<std::size_t>(t);
                         for (const std::int64_t w : widths_[st]) {
-                            // Memory grows with the blocks held: the most that fit, by bisection
-                            // (against the capacity of a plan of one stage, which has no
-                            // pipeline communicator: the most a stage of this width can have).
-                            const double room = stage_capacity_bytes(gpus_[st], params_, w, c.work.dp, 1);
-                            auto fits = [&](std::int64_t n) {
-                                const StageEstimate e = stage_cost(model_, gpus_[st], params_, lenient,
-                                                                   w, n, 1, 3);
-                                return e.memory_bytes <= room;
-                            };
-                            std::int64_t lo = 0, hi = model_.num_layers;  // fits(lo) (or lo = 0)
-                            while (lo < hi) {
-                                const std::int64_t mid = lo + (hi - lo + 1) / 2;
-                                if (fits(mid)) lo = mid;
-                                else hi = mid - 1;
-                            }
-                            c.max_layers[st].push_back(lo);
-                            c.max_layers_k[st].push_back(layers_in_flight(c, st, w, lo));
+                            const FitKey key{static_cast<int>(rc), b, dp, static_cast<int>(sh), v, st, w};
+                            const StageFit f = fit_of(key, c, st, w);
+                            c.max_layers[st].push_back(f.most);
+                            c.max_layers_k[st].push_back(layers_in_flight(c, f));
+                            c.block_s[st].push_back(f.block_s);
+                            c.head_s[st].push_back(f.head_s);
+                            c.unit_s[st].push_back(f.unit_s);
                         }
                     }
                     prepare_options(c);
@@ -270,40 +260,72 @@ bool Tree::prepare_combos(Stopwatch& sw) {
     return true;
 }
 
-// Blocks a middle stage of `tp` GPUs of type st can hold with k = 1..c.kin micro-batches
-// in flight (GPipe: M). A middle stage's memory is states + k activations per block, plus
-// k stage outputs and a transient: n (S + k A) + k O + T, so the most blocks are
-// (U - T - k O) / (S + k A); the slopes come from the cost model itself, the quotient is
-// rounded up (an upper bound), and never above `lenient` (the exact count with one
-// micro-batch in flight).
-std::vector<std::int64_t> Tree::layers_in_flight(const Combo& c, std::size_t st, std::int64_t tp,
-                                           std::int64_t lenient) const {
-    std::vector<std::int64_t> out;
+// Blocks a middle stage of `tp` GPUs of type st can hold with one micro-batch in flight (the
+// most that fit, by bisection, against the capacity of a plan of one stage, which has no
+// pipeline communicator: the most a stage of this width can have), and the slopes of its
+// memory in blocks and micro-batches in flight (layers_in_flight).
+StageFit Tree::stage_fit(const Combo& c, std::size_t st, std::int64_t tp) const {
+    StageFit f;
     const GpuSpec& g = gpus_[st];
-    // Without the optimizer step's intermediates (a max over the activations, not affine):
-    // memory only lower, so the counts stay upper bounds.
+    Workload lenient = c.work;
+    lenient.schedule = Schedule::GPipe;
+    lenient.num_microbatches = 1;
+    const double room = stage_capacity_bytes(g, params_, tp, c.work.dp, 1);
+    auto fits = [&](std::int64_t n) {
+        return stage_memory(model_, g, params_, lenient, tp, n, 1, 3).memory_bytes <= room;
+    };
+    std::int64_t lo = 0, hi = model_.num_layers;  // fits(lo) (or lo = 0)
+    while (lo < hi) {
+        const std::int64_t mid = lo + (hi - lo + 1) / 2;
+        if (fits(mid)) lo = mid;
+        else hi = mid - 1;
+    }
+    f.most = lo;
+    // A middle stage's memory is states + k activations per block, plus k stage outputs and
+    // a transient: n (S + k A) + k O + T. Without the optimizer step's intermediates (a max
+    // over the activations, not affine): memory only lower, so the counts stay upper bounds.
     CostParams affine = params_;
     affine.optimizer_transient_bytes_per_param = 0.0;
     auto mem = [&](std::int64_t n, std::int64_t k) {
         Workload w = c.work;
         w.schedule = Schedule::GPipe;
         w.num_microbatches = k;
-        return stage_cost(model_, g, affine, w, tp, n, 1, 3).memory_bytes;
+        return stage_memory(model_, g, affine, w, tp, n, 1, 3).memory_bytes;
     };
     const std::int64_t k0 = c.work.schedule == Schedule::GPipe ? c.work.num_microbatches : 1;
-    const double m1 = mem(1, k0), m2 = mem(2, k0);
-    const double per_block = m2 - m1;                          // S + k0 A
+    f.m1 = mem(1, k0);
+    f.per_block = mem(2, k0) - f.m1;  // S + k0 A
     // 1F1B only: A from the second micro-batch's slope, O from its intercept.
-    const double act = k0 == 1 ? (mem(2, 2) - mem(1, 2)) - per_block : 0.0;
-    const double stash_out = k0 == 1 ? std::max(0.0, mem(1, 2) - m1 - act) : 0.0;
+    f.act = k0 == 1 ? (mem(2, 2) - mem(1, 2)) - f.per_block : 0.0;
+    f.stash_out = k0 == 1 ? std::max(0.0, mem(1, 2) - f.m1 - f.act) : 0.0;
     // (A stage of one-stage plans has no pipeline communicator: the most it can have.)
-    const double usable = stage_capacity_bytes(g, params_, tp, c.work.dp, 1);
+    f.usable = stage_capacity_bytes(g, params_, tp, c.work.dp, 1);
+    const auto type = static_cast<std::int64_t>(st);
+    f.block_s = block_time(c, type, tp);
+    f.head_s = head_time(c, type, tp);
+    f.unit_s = unit_time(c, type, tp, f.block_s);
+    return f;
+}
+
+StageFit Tree::fit_of(const FitKey& key, const Combo& c, std::size_t st, std::int64_t tp) const {
+    if (fits_ == nullptr) return stage_fit(c, st, tp);
+    const auto hit = fits_->find(key);
+    if (hit != fits_->end()) return hit->second;
+    return fits_->emplace(key, stage_fit(c, st, tp)).first->second;
+}
+
+// Blocks such a stage can hold with k = 1..c.kin micro-batches in flight (GPipe: M): the
+// most blocks are (U - T - k O) / (S + k A), the quotient rounded up (an upper bound), and
+// never above the exact count with one micro-batch in flight.
+std::vector<std::int64_t> Tree::layers_in_flight(const Combo& c, const StageFit& f) const {
+    std::vector<std::int64_t> out;
+    const std::int64_t lenient = f.most;
     for (std::int64_t k = 1; k <= c.kin; ++k) {
-        const double base = m1 - per_block + d(k - 1) * stash_out;  // T + k O
-        const double slope = per_block + d(k - 1) * act;
+        const double base = f.m1 - f.per_block + d(k - 1) * f.stash_out;  // T + k O
+        const double slope = f.per_block + d(k - 1) * f.act;
         std::int64_t n = lenient;
         if (slope > 0 && std::isfinite(slope)) {
-            const double q = (usable - base) / slope * (1 + 1e-9);
+            const double q = (f.usable - base) / slope * (1 + 1e-9);
             n = q < 0 ? 0 : static_cast<std::int64_t>(std::min(d(lenient), std::floor(q)));
         }
         out.push_back(std::min(n, lenient));
@@ -314,17 +336,6 @@ std::vector<std::int64_t> Tree::layers_in_flight(const Combo& c, std::size_t st,
 void Tree::prepare_options(Combo& c) const {
     const std::int64_t L = model_.num_layers;
     c.options.resize(gpus_.size());
-    c.block_s.resize(gpus_.size());
-    c.head_s.resize(gpus_.size());
-    c.unit_s.resize(gpus_.size());
-    for (const std::int64_t t : order_) {
-        for (const std::int64_t w : widths_[static_cast<std::size_t>(t)]) {
-            c.block_s[static_cast<std::size_t>(t)].push_back(block_time(c, t, w));
-            c.head_s[static_cast<std::size_t>(t)].push_back(head_time(c, t, w));
-            c.unit_s[static_cast<std::size_t>(t)].push_back(
-                unit_time(c, t, w, c.block_s[static_cast<std::size_t>(t)].back()));
-        }
-    }
     prepare_block_rates(c);
     for (const std::int64_t t : order_) {
         const auto st = static_cast<std::size_t>(t);

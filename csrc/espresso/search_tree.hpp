@@ -8,6 +8,9 @@
 // no better than an earlier one that still has room for all of its stages).
 #pragma once
 
+#include <map>
+#include <tuple>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +21,22 @@
 #include "espresso/search_bounds.hpp"
 
 namespace espresso::search_detail {
+
+// What memory allows a stage of one GPU type and width under one combination (its workload:
+// recomputation, micro-batch, dp, sharding, interleaving): the most blocks with one
+// micro-batch in flight, and the slopes the bound on them with k in flight comes from. The
+// passes of one search (search.cpp) prepare the same combinations over the same types, so
+// they share these (the cost model's memory, evaluated a dozen times each, was most of the
+// time of small searches), and the tabled times.
+struct StageFit {
+    std::int64_t most = 0;
+    double m1 = 0, per_block = 0, act = 0, stash_out = 0, usable = 0;
+    // The stage's tabled times (Bounds::block_time, head_time, unit_time).
+    double block_s = 0, head_s = 0, unit_s = 0;
+};
+// (recompute, micro-batch, dp, sharding, virtual stages, type, width)
+using FitKey = std::tuple<int, std::int64_t, std::int64_t, int, std::int64_t, std::size_t, std::int64_t>;
+using FitCache = std::map<FitKey, StageFit>;
 
 class Tree : public Bounds {
 public:
@@ -30,6 +49,8 @@ public:
     void prepare_types();
     // One Combo per combination; false when the time ran out first.
     bool prepare_combos(Stopwatch& sw);
+    // Fits computed by an earlier pass over the same catalog and job, and kept for the next.
+    void share_fits(FitCache* fits) { fits_ = fits; }
     // The first level: each combination whose bound is finite.
     std::vector<Node> roots() const;
 
@@ -58,8 +79,10 @@ public:
 private:
     bool dominates(std::int64_t i, std::int64_t j) const;
 
-    std::vector<std::int64_t> layers_in_flight(const Combo& c, std::size_t st, std::int64_t tp,
-                                               std::int64_t lenient) const;
+    StageFit stage_fit(const Combo& c, std::size_t st, std::int64_t tp) const;
+    // stage_fit, from the passes' cache where an earlier pass computed it.
+    StageFit fit_of(const FitKey& key, const Combo& c, std::size_t st, std::int64_t tp) const;
+    std::vector<std::int64_t> layers_in_flight(const Combo& c, const StageFit& f) const;
 
     void prepare_options(Combo& c) const;
     void prepare_block_rates(Combo& c) const;
@@ -82,6 +105,7 @@ private:
     Clock::time_point deadline_ = Clock::time_point::max();
     Halt halt_;
     const std::atomic<double>* incumbent_ = nullptr;
+    FitCache* fits_ = nullptr;
 };
 
 }  // namespace espresso::search_detail
