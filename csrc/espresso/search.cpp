@@ -155,7 +155,9 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
     const auto& by = options.max_stages_by_types;
     const std::int64_t shallow = by.empty() ? options.max_stages : std::min(options.max_stages, by.back());
     const std::int64_t deepest = by.empty() ? options.max_stages : std::min(options.max_stages, by.front());
-    const bool seed = options.max_gpu_types > 2 && gpus.size() > 2;
+    // (Over four types or fewer, no seed: pass 1 is small there, and the seed's preparation
+    // was a sixth of the prototype's instance.)
+    const bool seed = options.max_gpu_types > 2 && gpus.size() > 4;
     FitCache fits;  // what memory allows each stage, shared by the passes
     if (deepest <= shallow && !seed) return run_search(model, gpus, params, job, options, fits);
     const auto t0 = std::chrono::steady_clock::now();
