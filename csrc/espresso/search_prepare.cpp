@@ -267,20 +267,10 @@ bool Tree::prepare_combos(Stopwatch& sw) {
 StageFit Tree::stage_fit(const Combo& c, std::size_t st, std::int64_t tp) const {
     StageFit f;
     const GpuSpec& g = gpus_[st];
-    Workload lenient = c.work;
-    lenient.schedule = Schedule::GPipe;
-    lenient.num_microbatches = 1;
+    const std::int64_t L = model_.num_layers;
+    // (A stage of one-stage plans has no pipeline communicator: the most it can have.)
     const double room = stage_capacity_bytes(g, params_, tp, c.work.dp, 1);
-    auto fits = [&](std::int64_t n) {
-        return stage_memory(model_, g, params_, lenient, tp, n, 1, 3).memory_bytes <= room;
-    };
-    std::int64_t lo = 0, hi = model_.num_layers;  // fits(lo) (or lo = 0)
-    while (lo < hi) {
-        const std::int64_t mid = lo + (hi - lo + 1) / 2;
-        if (fits(mid)) lo = mid;
-        else hi = mid - 1;
-    }
-    f.most = lo;
+    f.usable = room;
     // A middle stage's memory is states + k activations per block, plus k stage outputs and
     // a transient: n (S + k A) + k O + T. Without the optimizer step's intermediates (a max
     // over the activations, not affine): memory only lower, so the counts stay upper bounds.
@@ -295,11 +285,42 @@ StageFit Tree::stage_fit(const Combo& c, std::size_t st, std::int64_t tp) const 
     const std::int64_t k0 = c.work.schedule == Schedule::GPipe ? c.work.num_microbatches : 1;
     f.m1 = mem(1, k0);
     f.per_block = mem(2, k0) - f.m1;  // S + k0 A
-    // 1F1B only: A from the second micro-batch's slope, O from its intercept.
-    f.act = k0 == 1 ? (mem(2, 2) - mem(1, 2)) - f.per_block : 0.0;
-    f.stash_out = k0 == 1 ? std::max(0.0, mem(1, 2) - f.m1 - f.act) : 0.0;
-    // (A stage of one-stage plans has no pipeline communicator: the most it can have.)
-    f.usable = stage_capacity_bytes(g, params_, tp, c.work.dp, 1);
+    if (k0 == 1) {
+        // 1F1B only: A from the second micro-batch's slope, O from its intercept.
+        const double m1k2 = mem(1, 2);
+        f.act = (mem(2, 2) - m1k2) - f.per_block;
+        f.stash_out = std::max(0.0, m1k2 - f.m1 - f.act);
+    }
+
+    // The most blocks that fit with one micro-batch in flight (the exact memory, GPipe with
+    // one micro-batch: the most a stage of this width can hold), by bisection: memory grows
+    // with the blocks held. With one micro-batch the affine memory above is the same but for
+    // the optimizer's intermediates, so it is never more: the count where it reaches the room
+    // is where the search starts (checked, so the answer stays the bisection's even if
+    // memory were not affine).
+    Workload lenient = c.work;
+    lenient.schedule = Schedule::GPipe;
+    lenient.num_microbatches = 1;
+    auto fits = [&](std::int64_t n) {
+        return stage_memory(model_, g, params_, lenient, tp, n, 1, 3).memory_bytes <= room;
+    };
+    std::int64_t lo = 0, hi = L;  // fits(lo) (or lo = 0), and nothing above hi fits
+    const double q = (room - f.m1) / f.per_block;
+    if (k0 == 1 && f.per_block > 0 && std::isfinite(q)) {
+        const std::int64_t guess = q < 0 ? 0 : std::min(L, static_cast<std::int64_t>(std::floor(q)) + 1);
+        if (guess < L && fits(guess + 1)) {
+            lo = guess + 1;  // the guess was low (memory not affine): search above it
+        } else {
+            hi = guess;
+            if (guess > 0 && fits(guess)) lo = guess;
+        }
+    }
+    while (lo < hi) {
+        const std::int64_t mid = lo + (hi - lo + 1) / 2;
+        if (fits(mid)) lo = mid;
+        else hi = mid - 1;
+    }
+    f.most = lo;
     const auto type = static_cast<std::int64_t>(st);
     f.block_s = block_time(c, type, tp);
     f.head_s = head_time(c, type, tp);
