@@ -370,6 +370,7 @@ class SearchStats:
     dives: int
     combos: int
     seconds: float
+    first_plan_s: float
     lower_bound: float
     complete: bool
     timed_out: bool

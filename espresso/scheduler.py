@@ -90,6 +90,9 @@ class Outcome:
     complete: bool
     lower_bound: float
     gap: float
+    first_plan_s: float | None = None
+    """Seconds from the start of :meth:`Scheduler.run` to the first plan of any search (None:
+    none found)."""
 
 
 @dataclass(slots=True)
@@ -148,11 +151,16 @@ class Scheduler:
     """Tasks whose probe searched its restricted space to the end (``solve(probed=True)``:
     the full search may leave that space out where only it is costly)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _t0: float = 0.0
+    """When run() began (time.monotonic())."""
+    _first_plan: float = math.inf
+    """Seconds from _t0 to the first plan any search found."""
 
     # ------------------------------------------------------------------ the whole
     def run(self, *, unprepared: bool = False) -> Outcome:
         """Pass 1, pass 2, and what they proved. ``unprepared``: the time ran out while the
         tasks were being prepared, so the rest of the catalog has no bound but 0."""
+        self._t0 = time.monotonic()
         live = [n for n, t in enumerate(self.tasks) if math.isfinite(t.bound)]
         self._counters["pruned_deadline"] += len(self.tasks) - len(live)
         with self._lock:
@@ -176,9 +184,10 @@ class Scheduler:
             complete = complete or lower >= best * (1 - self.gap) * (1 - _EPS)
         gap = 0.0 if complete and self._found and lower >= best else (
             (best - lower) / best if self._found and best > 0 else math.inf)
+        first = self._first_plan if math.isfinite(self._first_plan) else None
         return Outcome(found=self._found, counters=self._counters, frontier_peak=self._peak,
                        searched=len(self._searched), threads=self._threads_used or self.threads,
-                       complete=complete, lower_bound=lower, gap=max(0.0, gap))
+                       complete=complete, lower_bound=lower, gap=max(0.0, gap), first_plan_s=first)
 
     # ------------------------------------------------------------------ the passes
     def _probe_pass(self, live: list[int]) -> None:
@@ -211,8 +220,10 @@ class Scheduler:
                     incumbent = self._kth()
                 limit = self.probe_each_s if allowance is None else max(
                     min(self.probe_each_s, allowance - spent), 1e-3)
+                began = time.monotonic()
                 solved = self.probe(self.tasks[n], limit, 1, incumbent)
                 with self._lock:
+                    self._saw(began, solved)
                     if solved.stats.complete:
                         self._probed.add(n)
                     for k in self._counters:
@@ -344,6 +355,16 @@ class Scheduler:
         return best, min(best, lower)
 
     # ------------------------------------------------------------------ one task
+    def _saw(self, began: float, solved: Solved) -> None:
+        """A search that began at ``began`` returned: when its first plan came (its own
+        ``first_plan_s``, or its end where the stats do not say), for the first plan of all.
+        Called under the lock."""
+        if not solved.plans:
+            return
+        first = getattr(solved.stats, "first_plan_s", None)
+        at = (began + first if first is not None and first >= 0 else time.monotonic())
+        self._first_plan = min(self._first_plan, at - self._t0)
+
     def _kth(self) -> float:
         """The objective a plan must beat to enter the answer (the shared one included)."""
         k = self._found[self.top_k - 1][0][0] if len(self._found) >= self.top_k else math.inf
@@ -410,6 +431,7 @@ class Scheduler:
         if n in self._probed:
             extra["probed"] = True
         try:
+            began = time.monotonic()
             solved = self.solve(self.tasks[n], limit, threads, incumbent, **extra)
         finally:
             with self._lock:
@@ -417,6 +439,7 @@ class Scheduler:
                 self._crews.pop(n, None)
         st = solved.stats
         with self._lock:
+            self._saw(began, solved)
             self._searched.add(n)
             if st.complete and self.top_k == 1:
                 # Its optimum, or at least the incumbent it was searched under: a bound on

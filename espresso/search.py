@@ -88,6 +88,10 @@ class SearchStats:
     interrupted: bool = False
     """:meth:`SearchProgress.cancel` (Ctrl-C in the CLI) stopped the search before it
     finished: its plans are the best found so far."""
+    first_plan_s: float | None = None
+    """Seconds from the call's start to the first plan any of its searches found (None: no
+    plan): how soon an answer was there to stop at (docs/search.md, "Limits, progress,
+    cancel")."""
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -457,6 +461,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                           on_error=opts.monitor.cancel if opts.monitor is not None else None)
     if progress is not None:  # the live gap is the whole search's, as the final one
         progress._attach(scheduler.live)
+    scheduled = time.perf_counter() - started
     try:
         outcome = scheduler.run(unprepared=unprepared)
     finally:
@@ -468,7 +473,9 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
                           seconds=time.perf_counter() - started,
                           interrupted=progress is not None and progress.cancelled,
                           domain=tasks[outcome.found[0][2]].payload.sp.label
-                          if outcome.found else None)
+                          if outcome.found else None,
+                          first_plan_s=None if outcome.first_plan_s is None
+                          else scheduled + outcome.first_plan_s)
     show_domain = catalog.has_offers or len(tasks) > 1
     plans = []
     for i, (_, p, n) in enumerate(outcome.found):
@@ -509,11 +516,13 @@ def _search_widths(job: Job, catalog: Catalog | None, *, max_tp: int, min_tp: in
             widths.append(w)
         w *= 2
     results: list[SearchResult] = []
+    offsets: list[float] = []  # when each width's search began (from `started`)
     for i, w in enumerate(widths):
         if results and (budget.spent or (progress is not None and progress.cancelled)):
             break
         share = budget.share(1.0 / (len(widths) - i))
         stop = budget.until_stop() / (len(widths) - i)
+        offsets.append(time.perf_counter() - started)
         results.append(search(job, catalog, min_tp=w, max_tp=w, time_limit_s=share,
                               top_k=top_k, objective=objective, progress=progress,
                               stop_after_s=None if math.isinf(stop) else max(stop, MIN_SEARCH_S),
@@ -546,7 +555,9 @@ def _search_widths(job: Job, catalog: Catalog | None, *, max_tp: int, min_tp: in
         subproblems=sum(s.subproblems for s in stats),
         subproblems_searched=sum(s.subproblems_searched for s in stats),
         domain=(plans[0].stats or {}).get("domain") if plans else None,
-        interrupted=any(s.interrupted for s in stats))
+        interrupted=any(s.interrupted for s in stats),
+        first_plan_s=min((at + s.first_plan_s for at, s in zip(offsets, stats, strict=True)
+                          if s.first_plan_s is not None), default=None))
     plans = [replace(p, stats={**merged.to_dict(), "rank": i + 1}) for i, p in enumerate(plans)]
     return SearchResult(plans=plans, stats=merged)
 
@@ -698,7 +709,8 @@ def _maps_into(mine: list[tuple[float, int]], theirs: list[tuple[float, int]]) -
 
 
 def _search_stats(outcome: Outcome, *, objective: str, subproblems: int, seconds: float,
-                  interrupted: bool, domain: str | None) -> SearchStats:
+                  interrupted: bool, domain: str | None,
+                  first_plan_s: float | None = None) -> SearchStats:
     c = outcome.counters
     return SearchStats(
         nodes_expanded=c["nodes_expanded"], nodes_generated=c["nodes_generated"],
@@ -712,7 +724,8 @@ def _search_stats(outcome: Outcome, *, objective: str, subproblems: int, seconds
                      else math.inf),
         gap=outcome.gap, complete=outcome.complete, timed_out=not outcome.complete,
         objective=objective, subproblems=subproblems, subproblems_searched=outcome.searched,
-        domain=domain, interrupted=not outcome.complete and interrupted)
+        domain=domain, interrupted=not outcome.complete and interrupted,
+        first_plan_s=first_plan_s)
 
 
 def _plan_key(p: Any) -> tuple[Any, ...]:

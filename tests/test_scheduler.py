@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -177,3 +178,30 @@ def test_an_idle_worker_lifts_the_shares_and_joins_the_running_search() -> None:
     assert lifted < log.index((crews["a"], "help"))
     assert [e[0] for e in log if e[1] == "help"] == [crews["a"]]
     assert sched._crews == {}
+
+
+def test_the_first_plan_is_timed_from_the_start_of_the_run() -> None:
+    """Outcome.first_plan_s: when the earliest search that found a plan began, plus its own
+    first_plan_s (its end where its stats do not say); None without a plan."""
+    tasks = [Task(bound=10.0, payload="a"), Task(bound=20.0, payload="b")]
+
+    def run(finds: str, first: float | None) -> Any:
+        def solve(task: Task, limit: float | None, threads: int, incumbent: float) -> Solved:
+            stats = _stats(complete=True, lower=100.0)
+            if task.payload != finds:
+                return Solved(stats=stats, plans=[])
+            if first is not None:
+                stats.first_plan_s = first  # as the core reports it
+            return Solved(stats=stats, plans=[((100.0,), task.payload)])
+
+        return Scheduler(tasks=tasks, solve=solve, top_k=1, threads=1,
+                         budget=TimeBudget(None), stopped=lambda: False).run()
+
+    t = time.monotonic()
+    out = run("b", 0.25)
+    assert out.first_plan_s is not None
+    assert 0.25 <= out.first_plan_s <= 0.25 + (time.monotonic() - t)
+    t = time.monotonic()
+    out = run("a", None)  # stats that do not say: the search's end
+    assert out.first_plan_s is not None and 0.0 <= out.first_plan_s <= time.monotonic() - t
+    assert run("nobody", 0.25).first_plan_s is None

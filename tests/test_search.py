@@ -9,11 +9,13 @@ import math
 import random
 import re
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from _bruteforce import assert_same_optimum, brute_force, compositions
 
 import espresso as es
+from espresso._native import core
 
 BASE = es.Catalog.builtin("gpus")
 COST = es.CostParams(reserved_gb=0.0)
@@ -293,6 +295,49 @@ def test_same_plan_whatever_the_thread_count() -> None:
     assert big[0].to_dict() | {"stats": None} == big[1].to_dict() | {"stats": None}
     assert big[0].to_dict() | {"stats": None} == big[2].to_dict() | {"stats": None}
     assert big[0].stats is not None and big[0].stats["gap"] == 0.0
+
+
+def test_the_first_plan_is_timed() -> None:
+    """stats.first_plan_s: from the call's start to the first plan of any of its searches
+    (the snapshot's subproblems, side by side; a GPU-type catalog's passes), within the
+    call's seconds; None when no plan exists, and in every plan's stats."""
+    for catalog in (None, es.Catalog.builtin("gpus")):
+        res = es.search(_llama_job("12h"), catalog, max_stages=4, threads=2)
+        first = res.stats.first_plan_s
+        assert res.plans and first is not None, catalog
+        assert 0.0 <= first <= res.stats.seconds
+        assert res.plans[0].stats is not None and res.plans[0].stats["first_plan_s"] == first
+    none = es.search(_llama_job("1h"), max_stages=4, threads=2)
+    assert not none.plans and none.stats.complete and none.stats.first_plan_s is None
+
+
+def test_the_native_search_times_its_first_plan() -> None:
+    """The core's stats.first_plan_s: from the search's start, -1 without a plan."""
+    job, catalog = random_instance(3, 2)
+    calls: list[Any] = []
+    real = core.search
+
+    class Spy:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(core, name)
+
+        def search(self, *args: Any) -> Any:
+            res = real(*args)
+            calls.append(res)
+            return res
+
+    search_mod = importlib.import_module("espresso.search")
+    search_mod.core = Spy()  # type: ignore[attr-defined]
+    try:
+        es.search(job, catalog, max_stages=2, **SMALL)
+    finally:
+        search_mod.core = core  # type: ignore[attr-defined]
+    assert calls
+    for res in calls:
+        if res.plans:
+            assert 0.0 <= res.stats.first_plan_s <= res.stats.seconds
+        else:
+            assert res.stats.first_plan_s == -1.0
 
 
 def test_time_limited_search_is_consistent() -> None:

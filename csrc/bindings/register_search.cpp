@@ -113,6 +113,7 @@ void register_search(py::module_& m) {
         .def_readonly("dives", &SearchStats::dives)
         .def_readonly("combos", &SearchStats::combos)
         .def_readonly("seconds", &SearchStats::seconds)
+        .def_readonly("first_plan_s", &SearchStats::first_plan_s)
         .def_readonly("lower_bound", &SearchStats::lower_bound)
         .def_readonly("complete", &SearchStats::complete)
         .def_readonly("timed_out", &SearchStats::timed_out)

@@ -112,6 +112,9 @@ public:
         SearchResult out;
         out.plans = best_;
         stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+        if (first_plan_at_ != Clock::time_point::max()) {
+            stats_.first_plan_s = std::max(0.0, std::chrono::duration<double>(first_plan_at_ - t_start).count());
+        }
         if (stop_) {
             stats_.complete = false;
             if (!queue_.empty()) open_lb_ = std::min(open_lb_, queue_.top().lb);
@@ -312,6 +315,7 @@ private:
         auto pos = std::find_if(best_.begin(), best_.end(),
                                 [&](const SearchPlan& q) { return k < Problem::key(q); });
         best_.insert(pos, p);
+        if (first_plan_at_ == Clock::time_point::max()) first_plan_at_ = Clock::now();
         if (static_cast<std::int64_t>(best_.size()) > opt_.top_k) best_.pop_back();
         threshold_.store(threshold());
         if (opt_.shared && opt_.share_plans && opt_.top_k == 1) {
@@ -331,6 +335,7 @@ private:
     std::vector<SearchPlan> best_;
     SearchStats stats_;
     Clock::time_point deadline_ = Clock::time_point::max();
+    Clock::time_point first_plan_at_ = Clock::time_point::max();  // when a plan first came in
     Halt halt_;
     std::multiset<double> inflight_;  // bounds of the nodes being processed
 };

@@ -185,7 +185,10 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
         plans = std::move(kept);
     };
     SearchStats st;
-    auto add = [&](const SearchStats& f) {
+    double first = kInf;  // from t0 to the first plan of any pass
+    // A pass's statistics, added to the call's; `at`: when the pass began (seconds from t0).
+    auto add = [&](const SearchStats& f, double at) {
+        if (f.first_plan_s >= 0) first = std::min(first, at + f.first_plan_s);
         st.nodes_expanded += f.nodes_expanded;
         st.nodes_generated += f.nodes_generated;
         st.pruned_cost += f.pruned_cost;
@@ -210,8 +213,9 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
         o.max_stages_by_types.clear();
         o.max_gpu_types = 2;
         if (options.time_limit_s > 0) o.time_limit_s = left(0.1);
+        const double at = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         SearchResult r = run_search(model, gpus, params, job, o, fits);
-        add(r.stats);
+        add(r.stats, at);
         merge(std::move(r.plans));
     }
     {
@@ -220,8 +224,9 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
         o.max_stages_by_types.clear();
         o.incumbent = incumbent(options.incumbent);
         if (options.time_limit_s > 0) o.time_limit_s = left(deepest > shallow ? 0.75 : 1.0);
+        const double at = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         SearchResult r = run_search(model, gpus, params, job, o, fits);
-        add(r.stats);
+        add(r.stats, at);
         complete = complete && r.stats.complete;
         lower = std::min(lower, r.stats.lower_bound);
         merge(std::move(r.plans));
@@ -231,8 +236,9 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
         o.covered_depth = shallow;
         o.incumbent = incumbent(options.incumbent);
         if (options.time_limit_s > 0) o.time_limit_s = left(1.0);
+        const double at = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         SearchResult r = run_search(model, gpus, params, job, o, fits);
-        add(r.stats);
+        add(r.stats, at);
         complete = complete && r.stats.complete;
         lower = std::min(lower, r.stats.lower_bound);
         merge(std::move(r.plans));
@@ -241,6 +247,7 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
     out.plans = std::move(plans);
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     st.complete = complete;
+    st.first_plan_s = first < kInf ? first : -1.0;
     const double best = out.plans.empty() ? kInf : out.plans.front().objective;
     st.lower_bound = complete ? best : std::min(best, lower);
     // Nodes within the gap of an incumbent were cut: what is proven is that much less.

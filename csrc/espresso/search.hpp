@@ -91,6 +91,7 @@ struct SearchStats {
     std::int64_t dives = 0;             // subtrees finished depth-first (frontier full)
     std::int64_t combos = 0;            // (recompute, micro-batch, dp) combinations
     double seconds = 0;
+    double first_plan_s = -1;           // from the search's start to its first plan (-1: none)
     double lower_bound = 0;             // no plan is better than this (objective units)
     bool complete = true;               // the search space was exhausted (gap is exact)
     bool timed_out = false;

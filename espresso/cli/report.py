@@ -349,10 +349,13 @@ def print_search_line(stats: dict[str, object] | None, console: Console) -> None
     leaves = stats.get("leaves_placed", 0)
     seconds = stats.get("seconds", 0.0)
     assert isinstance(nodes, int) and isinstance(leaves, int) and isinstance(seconds, float)
+    first = stats.get("first_plan_s")
+    first_words = f", the first plan after {first:.2f} s" if isinstance(first, float) else ""
     console.print(
         f"Search: {nodes:,} nodes expanded, {leaves:,} allocations placed, pruned "
         + ", ".join(f"{k} {v:,}" for k, v in pruned.items())
-        + f"; {seconds:.2f} s on {stats.get('threads', 1)} threads; {proof_words(stats)}"
+        + f"; {seconds:.2f} s on {stats.get('threads', 1)} threads{first_words}; "
+        + proof_words(stats)
     )
     subs = stats.get("subproblems", 1)
     if isinstance(subs, int) and subs > 1:
