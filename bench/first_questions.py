@@ -1,7 +1,7 @@
 """The first questions a user asks, timed as the user runs them (issue 29).
 
-Run: python bench/first_questions.py [--only SUBSTR] [--time-limit S] [--out FILE.json]
-                                     [--previous FILE.json] [--md FILE.md]
+Run: python bench/first_questions.py [--only REGEX] [--time-limit S] [--out FILE.json]
+                                     [--previous FILE.json] [--md FILE.md] [--budgets]
 
 Each row is one `espresso plan` command line in a fresh process under `timeout`, on the
 built-in snapshot with the default threads: every preset model at 20 x its parameters in
@@ -10,9 +10,11 @@ with a quota file, and on a synthetic catalog ten times the snapshot's size (its
 repeated in renamed regions at slightly higher prices); the issue's harder rows; the 530B GPT
 over 2,240 A100s; the paper prototype's instance and its faster-link variants. For each: wall
 seconds of the whole command, the main search's nodes expanded and proof (gap), and the
-answer. `--previous` prints the same table with an earlier run's columns beside (runs are
-written with `--out`; bench/results/first_questions.json holds the one made at the last
-commit that touched the search).
+answer. `--budgets` adds, after each snapshot row with a plan, the same job asking for the
+fastest plan within 1.25 x that plan's cost (no deadline). `--previous` prints the same
+table with an earlier run's columns beside (runs are written with `--out`;
+bench/results/first_questions.json holds the one made at the last commit that touched the
+search, bench/results/first_questions_budgets.json one with `--budgets`).
 """
 
 from __future__ import annotations
@@ -152,20 +154,42 @@ def run_one(argv: list[str], limit: float) -> dict[str, object]:
     return row
 
 
+_COST = re.compile(r"\$([\d,]+\.\d\d) \(deadline")
+
+
+def _budget_row(name: str, argv: list[str], row: dict[str, object]
+                ) -> tuple[str, list[str]] | None:
+    """The fastest plan within 1.25 x the cost of a snapshot row's plan, without its deadline
+    (issue 29: `--budget` alone, proven on the same jobs within the same times)."""
+    m = _COST.search(str(row.get("answer", "")))
+    if (m is None or "--deadline" not in argv or "--catalog" in argv or "--quota" in argv
+            or "--max-instances" in argv):
+        return None
+    budget = 1.25 * float(m.group(1).replace(",", ""))
+    i = argv.index("--deadline")
+    return (f"{name.split('/')[0]} budget 1.25x",
+            [*argv[:i], *argv[i + 2:], "--budget", f"{budget:.0f}"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default=None, help="rows whose name contains this")
+    ap.add_argument("--only", default=None,
+                    help="rows whose name this regular expression matches (re.search)")
     ap.add_argument("--time-limit", type=float, default=60.0, help="espresso's --time-limit")
     ap.add_argument("--out", default=None)
     ap.add_argument("--previous", default=None)
     ap.add_argument("--md", default=None)
+    ap.add_argument("--budgets", action="store_true",
+                    help="after each snapshot row with a plan, the same job with --budget at "
+                         "1.25 x that plan's cost and no deadline (the fastest plan within it)")
     args = ap.parse_args()
     prev = json.loads(Path(args.previous).read_text()) if args.previous else {}
     results: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory() as d:
-        for name, argv in jobs(Path(d)):
-            if args.only and args.only not in name:
-                continue
+        queue = [(name, argv) for name, argv in jobs(Path(d))
+                 if not args.only or re.search(args.only, name)]
+        while queue:
+            name, argv = queue.pop(0)
             row = run_one([*argv, "--time-limit", str(args.time_limit)], args.time_limit)
             results[name] = row
             p = prev.get(name, {})
@@ -175,6 +199,9 @@ def main() -> None:
                   flush=True)
             if args.out:  # written as it goes: nothing computed is lost
                 Path(args.out).write_text(json.dumps(results, indent=1))
+            budget = _budget_row(name, argv, row) if args.budgets else None
+            if budget is not None:
+                queue.insert(0, budget)
     before = " before s | before gap % |" if prev else ""
     lines = ["| job | s | first plan s | nodes | gap % | answer |" + before,
              "|---|---:|---:|---:|---:|---|" + ("---:|---:|" if prev else "")]
