@@ -127,7 +127,7 @@ def run_one(argv: list[str], limit: float) -> dict[str, object]:
     m = _SEARCH.search(out)
     if m:
         row["nodes"] = int(m.group(1).replace(",", ""))
-    first = re.search(r"the first plan after ([\d.]+) s", out)
+    first = re.search(r"the\s+first\s+plan\s+after\s+([\d.]+)\s+s", out)
     if first:
         row["first_plan_s"] = float(first.group(1))
     gap = re.search(r"gap ([\d.]+)%", out)
