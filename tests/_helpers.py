@@ -2,10 +2,39 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import espresso as es
+from espresso._native import core
 
 
 def make_plan(job: es.Job, stages: list[tuple[str, int, int, int]], **kw: object) -> es.Plan:
     """stages: (gpu, tp, begin, end)."""
     return es.Plan(job=job, stages=tuple(es.Stage(gpu=g, tp=t, layers=(a, b))
                                          for g, t, a, b in stages), **kw)  # type: ignore[arg-type]
+
+
+@contextmanager
+def native_searches() -> Iterator[list[tuple[tuple[Any, ...], Any]]]:
+    """Every native search ``espresso.search`` runs inside the block: (its arguments, its
+    result), in order."""
+    calls: list[tuple[tuple[Any, ...], Any]] = []
+
+    class Spy:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(core, name)
+
+        def search(self, *args: Any) -> Any:
+            res = core.search(*args)
+            calls.append((args, res))
+            return res
+
+    module = sys.modules["espresso.search"]
+    module.core = Spy()  # type: ignore[attr-defined]
+    try:
+        yield calls
+    finally:
+        module.core = core  # type: ignore[attr-defined]

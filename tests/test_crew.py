@@ -4,16 +4,14 @@ deadline the caller moves (docs/search.md, "Subproblems side by side")."""
 from __future__ import annotations
 
 import math
-import sys
 import threading
 from typing import Any
 
 import pytest
+from _helpers import native_searches
 
 import espresso as es
 from espresso._native import core
-
-_search_module = sys.modules["espresso.search"]
 
 
 @pytest.fixture(scope="module")
@@ -21,26 +19,11 @@ def hard_search() -> tuple[Any, ...]:
     """The arguments of a native search that takes about a second on one thread (llama2-13b,
     1e12 tokens in 60 days over the built-in GPU types: 45k nodes), captured from a plain
     ``espresso.search`` call, with the options it was run with."""
-    calls: list[tuple[Any, ...]] = []
-    real = core.search
-
-    class Spy:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(core, name)
-
-        def search(self, *args: Any) -> Any:
-            res = real(*args)
-            calls.append((res.stats.nodes_expanded, args))
-            return res
-
     job = es.Job(model=es.ModelSpec.preset("llama2-13b"), tokens=1e12, deadline_hours=60 * 24)
-    _search_module.core = Spy()
-    try:
+    with native_searches() as calls:
         es.search(job, es.Catalog.builtin("gpus"), threads=1, interleave_after=())
-    finally:
-        _search_module.core = core
-    nodes, args = max(calls, key=lambda c: c[0])
-    assert nodes > 10_000  # hard enough that a helper joins it while it runs
+    args, res = max(calls, key=lambda c: c[1].stats.nodes_expanded)
+    assert res.stats.nodes_expanded > 10_000  # hard enough that a helper joins it while it runs
     return args
 
 

@@ -9,13 +9,12 @@ import math
 import random
 import re
 from dataclasses import replace
-from typing import Any
 
 import pytest
 from _bruteforce import assert_same_optimum, brute_force, compositions
+from _helpers import native_searches
 
 import espresso as es
-from espresso._native import core
 
 BASE = es.Catalog.builtin("gpus")
 COST = es.CostParams(reserved_gb=0.0)
@@ -314,26 +313,10 @@ def test_the_first_plan_is_timed() -> None:
 def test_the_native_search_times_its_first_plan() -> None:
     """The core's stats.first_plan_s: from the search's start, -1 without a plan."""
     job, catalog = random_instance(3, 2)
-    calls: list[Any] = []
-    real = core.search
-
-    class Spy:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(core, name)
-
-        def search(self, *args: Any) -> Any:
-            res = real(*args)
-            calls.append(res)
-            return res
-
-    search_mod = importlib.import_module("espresso.search")
-    search_mod.core = Spy()  # type: ignore[attr-defined]
-    try:
+    with native_searches() as calls:
         es.search(job, catalog, max_stages=2, **SMALL)
-    finally:
-        search_mod.core = core  # type: ignore[attr-defined]
     assert calls
-    for res in calls:
+    for _, res in calls:
         if res.plans:
             assert 0.0 <= res.stats.first_plan_s <= res.stats.seconds
         else:

@@ -161,9 +161,12 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
     FitCache fits;  // what memory allows each stage, shared by the passes
     if (deepest <= shallow && !seed) return run_search(model, gpus, params, job, options, fits);
     const auto t0 = std::chrono::steady_clock::now();
+    auto since_t0 = [&] {  // seconds
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
     auto left = [&](double share) {  // seconds for a pass: `share` of the limit, within what is left
         if (options.time_limit_s <= 0) return 0.0;
-        const double used = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double used = since_t0();
         return std::max(1e-3, std::min(share * options.time_limit_s, options.time_limit_s - used));
     };
     std::vector<SearchPlan> plans;
@@ -213,7 +216,7 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
         o.max_stages_by_types.clear();
         o.max_gpu_types = 2;
         if (options.time_limit_s > 0) o.time_limit_s = left(0.1);
-        const double at = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double at = since_t0();
         SearchResult r = run_search(model, gpus, params, job, o, fits);
         add(r.stats, at);
         merge(std::move(r.plans));
@@ -224,7 +227,7 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
         o.max_stages_by_types.clear();
         o.incumbent = incumbent(options.incumbent);
         if (options.time_limit_s > 0) o.time_limit_s = left(deepest > shallow ? 0.75 : 1.0);
-        const double at = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double at = since_t0();
         SearchResult r = run_search(model, gpus, params, job, o, fits);
         add(r.stats, at);
         complete = complete && r.stats.complete;
@@ -236,7 +239,7 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
         o.covered_depth = shallow;
         o.incumbent = incumbent(options.incumbent);
         if (options.time_limit_s > 0) o.time_limit_s = left(1.0);
-        const double at = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double at = since_t0();
         SearchResult r = run_search(model, gpus, params, job, o, fits);
         add(r.stats, at);
         complete = complete && r.stats.complete;
@@ -245,7 +248,7 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
     }
     SearchResult out;
     out.plans = std::move(plans);
-    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    st.seconds = since_t0();
     st.complete = complete;
     st.first_plan_s = first < kInf ? first : -1.0;
     const double best = out.plans.empty() ? kInf : out.plans.front().objective;
