@@ -20,6 +20,7 @@ import yaml
 
 from . import _io
 from . import _validate as v
+from .cloud.networks import GIVEN, not_in_table
 from .cloud.offers import Offer, offer_of
 from .cloud.skypilot import DEFAULT_GPUS_PER_OFFER, read_skypilot
 from .cloud.specs import SpecTable
@@ -27,6 +28,35 @@ from .errors import CatalogError
 from .gpu_type import MARKETS, GpuType
 
 __all__ = ["BUILTINS", "MARKETS", "Catalog", "GpuType"]
+
+def _network_arg(gbs: float | None) -> float | None:
+    """``network_gbs`` (``--network-gbs``): GB/s per GPU, or None."""
+    if gbs is None:
+        return None
+    return v.number("network_gbs (--network-gbs)", gbs, positive=True, minimum=1e-6,
+                    maximum=1e6, err=CatalogError)
+
+
+def _network_notes(rows: Sequence[GpuType]) -> list[str]:
+    """What a catalog assumes of networks without a published figure: one note per
+    assumption, with the instance types it covers (at most five named)."""
+    by: dict[str, list[str]] = {}
+    for g in rows:
+        if g.network_source is not None and not_in_table(g.network_source):
+            # (a given figure is per GPU: one note, whatever the instances' GPU counts)
+            label = (g.network_source.split(" (", 1)[1].rstrip(")")
+                     if GIVEN in g.network_source else g.network_source)
+            by.setdefault(label, [])
+            if g.instance_type not in by[label]:
+                by[label].append(str(g.instance_type))
+    out = []
+    for label, types in by.items():
+        named = ", ".join(types[:5]) + (", ..." if len(types) > 5 else "")
+        out.append(f"network assumed for {len(types)} instance type"
+                   f"{'s' if len(types) > 1 else ''} without a published figure ({named}): "
+                   f"{label}")
+    return out
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Catalog:
@@ -147,9 +177,12 @@ class Catalog:
         return _builtin(BUILTINS[name])
 
     @classmethod
-    def from_dict(cls, data: Any) -> Catalog:
+    def from_dict(cls, data: Any, *, network_gbs: float | None = None) -> Catalog:
         """A catalog from ``{"gpus": [...]}`` (GPU-type rows), ``{"offers": [...],
-        "specs": [...]}`` (cloud offers, specs optional over the built-in table), or both."""
+        "specs": [...]}`` (cloud offers, specs optional over the built-in table), or both.
+        ``network_gbs``: GB/s per GPU between instances of offers whose instance type has no
+        published figure (default: the provider class's, docs/catalog.md)."""
+        network_gbs = _network_arg(network_gbs)
         data = v.mapping("catalog", data, err=CatalogError)
         v.known_keys("catalog", data, ["gpus", "offers", "specs", "notes"], [],
                      err=CatalogError)
@@ -168,23 +201,27 @@ class Catalog:
             if not isinstance(offers, list):
                 msg = f"catalog.offers: expected a list of offers, got {offers!r}"
                 raise CatalogError(msg)
-            rows.extend(Offer.from_dict(o).resolve(specs) for o in offers)
+            rows.extend(Offer.from_dict(o).resolve(specs, network_gbs=network_gbs)
+                        for o in offers)
         notes = data.get("notes", [])
         if not isinstance(notes, list):
             msg = f"catalog.notes: expected a list of strings, got {notes!r}"
             raise CatalogError(msg)
-        return cls(gpus=tuple(rows), notes=tuple(str(n) for n in notes))
+        return cls(gpus=tuple(rows), notes=(*(str(n) for n in notes), *_network_notes(rows)))
 
     @classmethod
     def from_skypilot(cls, paths: str | Path | Sequence[str | Path], *,
                       providers: list[str] | None = None, regions: list[str] | None = None,
                       gpus: list[str] | None = None, bf16_only: bool = False,
-                      gpus_per_offer: int | None = None) -> Catalog:
+                      gpus_per_offer: int | None = None,
+                      network_gbs: float | None = None) -> Catalog:
         """Offers from SkyPilot ``vms.csv`` files (each named after its provider, or given
         as ``PROVIDER=FILE``), filtered by providers, regions (shell patterns) and GPU models.
         Rows that cannot become offers are counted in ``notes``, never guessed. Each offer's
         availability is the instances holding ``gpus_per_offer`` GPUs (default 32): an
-        assumption stated in ``notes``; set quotas with :func:`espresso.cloud.quota.apply_quota`."""
+        assumption stated in ``notes``; set quotas with :func:`espresso.cloud.quota.apply_quota`.
+        ``network_gbs`` as in :meth:`from_dict`."""
+        network_gbs = _network_arg(network_gbs)
         items = [paths] if isinstance(paths, (str, Path)) else list(paths)
         per = DEFAULT_GPUS_PER_OFFER if gpus_per_offer is None else gpus_per_offer
         read = read_skypilot(items, providers=providers, regions=regions, gpus=gpus,
@@ -199,7 +236,8 @@ class Catalog:
                  f"availability is an assumption: {per} GPUs per offer (whole instances); "
                  "give your quotas with --quota or --max-instances",
                  *read.summary())
-        return cls(gpus=tuple(o.resolve(specs) for o in read.offers), notes=notes)
+        rows = [o.resolve(specs, network_gbs=network_gbs) for o in read.offers]
+        return cls(gpus=tuple(rows), notes=(*notes, *_network_notes(rows)))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -232,10 +270,11 @@ class Catalog:
         return out
 
     @classmethod
-    def open(cls, source: str | None) -> Catalog:
+    def open(cls, source: str | None, *, network_gbs: float | None = None) -> Catalog:
         """A catalog as ``--catalog`` names it: a YAML/JSON file, ``skypilot:FILE[,FILE...]``
         (SkyPilot vms.csv files, each named after its provider or written PROVIDER=FILE),
-        ``builtin:NAME``, or ``None`` for the built-in cloud snapshot."""
+        ``builtin:NAME``, or ``None`` for the built-in cloud snapshot. ``network_gbs`` as in
+        :meth:`from_dict` (the built-in catalogs know every network they have)."""
         if source is None:
             return cls.builtin()
         if source.startswith("builtin:"):
@@ -245,14 +284,16 @@ class Catalog:
             if not files:
                 msg = "--catalog skypilot:FILE[,FILE...]: no file given"
                 raise CatalogError(msg)
-            return cls.from_skypilot(files)
-        return cls.load(source)
+            return cls.from_skypilot(files, network_gbs=network_gbs)
+        return cls.load(source, network_gbs=network_gbs)
 
     @classmethod
-    def load(cls, path: str | Path) -> Catalog:
-        """Read a catalog from a YAML or JSON file."""
+    def load(cls, path: str | Path, *, network_gbs: float | None = None) -> Catalog:
+        """Read a catalog from a YAML or JSON file (``network_gbs`` as in :meth:`from_dict`)."""
         # YAML parses JSON documents as well.
-        catalog: Catalog = v.load_spec("catalog", path, cls.from_dict, err=CatalogError)
+        catalog: Catalog = v.load_spec(
+            "catalog", path, lambda data: cls.from_dict(data, network_gbs=network_gbs),
+            err=CatalogError)
         return catalog
 
     def save(self, path: str | Path) -> None:

@@ -131,8 +131,12 @@ def _spot(res: Any, job: Job) -> SpotEstimate | None:
 
 def rent_list(rows: list[Any], gpus_used: list[int],
               instances: list[int]) -> tuple[dict[str, Any], ...]:
-    """What to rent, per catalog row used."""
+    """What to rent, per catalog row used. A row whose network between instances is an
+    assumption says so (``network_assumption``) when the plan spans more than one instance
+    (within one, that network carries nothing)."""
     out = []
+    spans = sum(int(inst) for used, inst in zip(gpus_used, instances, strict=True)
+                if used > 0) > 1
     for g, used, inst in zip(rows, gpus_used, instances, strict=True):
         if used <= 0:
             continue
@@ -141,6 +145,8 @@ def rent_list(rows: list[Any], gpus_used: list[int],
                     "instance_type": g.instance_label, "gpu": g.model, "instances": int(inst),
                     "gpus": gpus, "idle_gpus": gpus - int(used),
                     "hourly_usd": int(inst) * g.instance_price_per_hour,
+                    **({"network_assumption": g.network_source}
+                       if spans and g.network_assumed else {}),
                     **({"market": "spot", "interruptions_per_hour": g.interruption_rate,
                         "recovery_hours": g.recovery} if g.is_spot else {})})
     return tuple(out)

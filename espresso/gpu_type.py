@@ -213,6 +213,12 @@ class GpuType:
         return g
 
     @property
+    def network_assumed(self) -> bool:
+        """The network between instances is an assumption, not a published figure (a
+        provider without one, an instance type the table does not know, ``--network-gbs``)."""
+        return self.network_source is not None and "(assumption" in self.network_source
+
+    @property
     def is_spot(self) -> bool:
         """Instances of this row may be reclaimed (a spot row, or a rate given)."""
         return self.interruption_rate > 0

@@ -113,10 +113,13 @@ def test_offer_catalog_round_trip(sky: dict[str, Path], tmp_path: Path) -> None:
     p4d = again["aws/us-east-1/p4d.24xlarge"]
     assert p4d.instance_price_per_hour == pytest.approx(21.96)
     assert p4d.inter_node_gbs == pytest.approx(400 / 8 / 8)  # 400 Gbps per p4d, 8 GPUs
-    with pytest.raises(es.CatalogError, match=r"no network figure.*give network_gbs"):
-        es.Catalog.from_dict({"offers": [{"provider": "x", "region": "r", "instance_type": "t",
-                                          "gpu": "L4", "gpus_per_instance": 1,
-                                          "price_per_hour": 1, "instances": 1}]})
+    # An instance type without a published network figure takes its class's stated default
+    # (tests/test_networks.py has the rules).
+    unknown = es.Catalog.from_dict({"offers": [{"provider": "x", "region": "r",
+                                                "instance_type": "t", "gpu": "L4",
+                                                "gpus_per_instance": 1, "price_per_hour": 1,
+                                                "instances": 1}]}).gpus[0]
+    assert unknown.network_assumed and unknown.inter_node_gbs == pytest.approx(10 / 8)
     with pytest.raises(es.CatalogError, match="unknown GPU 'L5'"):
         es.Catalog.from_dict({"offers": [{"provider": "x", "region": "r", "instance_type": "t",
                                           "gpu": "L5", "gpus_per_instance": 1,

@@ -40,9 +40,9 @@ def console(stderr: bool = False) -> Console:
     return con
 
 
-def load_catalog(path: str | None) -> Catalog:
-    """``--catalog``: see :meth:`Catalog.open`."""
-    return Catalog.open(path)
+def load_catalog(path: str | None, network_gbs: float | None = None) -> Catalog:
+    """``--catalog`` (and ``--network-gbs``): see :meth:`Catalog.open`."""
+    return Catalog.open(path, network_gbs=network_gbs)
 
 
 def load_profiles(items: list[str] | None) -> dict[str, Profile] | None:
@@ -82,6 +82,10 @@ def add_catalog_arg(p: argparse.ArgumentParser, what: str = "default: built-in")
     p.add_argument("--catalog", metavar="FILE",
                    help=f"catalog YAML/JSON, skypilot:VMS.CSV[,...], or builtin:cloud|gpus "
                         f"({what}: the dated snapshot of AWS, GCP and Lambda offers)")
+    p.add_argument("--network-gbs", type=float, metavar="GBS",
+                   help="GB/s per GPU between instances of offers whose instance type has no "
+                        "published network figure (default: by provider class and GPU count, "
+                        "stated under the plan; docs/catalog.md, \"Unknown instance types\")")
 
 
 def add_availability_args(p: argparse.ArgumentParser) -> None:
@@ -107,7 +111,7 @@ def load_available(args: argparse.Namespace) -> Catalog:
     """``--catalog`` with ``--quota`` and ``--max-instances`` applied."""
     from ..cloud.quota import load_quota, max_instances
 
-    catalog = load_catalog(args.catalog)
+    catalog = load_catalog(args.catalog, getattr(args, "network_gbs", None))
     spot_only = getattr(args, "spot_only", False)
     rate, recovery = getattr(args, "spot_rate", None), getattr(args, "spot_recovery", None)
     if getattr(args, "spot", False) or spot_only or rate is not None or recovery is not None:

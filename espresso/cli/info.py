@@ -99,7 +99,7 @@ def cmd_offers(args: argparse.Namespace) -> int:
 
 
 def cmd_gpus(args: argparse.Namespace) -> int:
-    catalog = c.load_catalog(args.catalog)
+    catalog = c.load_catalog(args.catalog, getattr(args, "network_gbs", None))
     if args.json:
         print(json.dumps(catalog.to_dict(), indent=2))
         return c.EXIT_OK

@@ -24,7 +24,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from ..profile import profile_model
 
     c.check_output("--out", args.out)
-    catalog = c.load_catalog(args.catalog)
+    catalog = c.load_catalog(args.catalog, getattr(args, "network_gbs", None))
     gpu = catalog.model_row(args.gpu)
     model = ModelSpec.load(args.model)
     from ..profile import LIMITS, resolve_device
@@ -90,7 +90,7 @@ def cmd_bench_gpu(args: argparse.Namespace) -> int:
         if args.json:
             c.write_json("--json", args.json, {"device": info, "results": []})
         return c.EXIT_OK
-    catalog = c.load_catalog(args.catalog)
+    catalog = c.load_catalog(args.catalog, getattr(args, "network_gbs", None))
     gpu = (catalog.model_row(args.gpu) if args.gpu
            else gpu_bench.match_catalog(info["name"], catalog))
     with c.console(stderr=True).status(f"Benchmarking {info['name']}"):
@@ -141,7 +141,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.cost_out or args.cores is not None:
         msg = "calibrate: --cost-out and --cores go with --cpu"
         raise EspressoError(msg)
-    catalog = c.load_catalog(args.catalog)
+    catalog = c.load_catalog(args.catalog, getattr(args, "network_gbs", None))
     if args.bench:
         data = load_yaml("--bench", args.bench, err=CatalogError)
         if not isinstance(data, dict) or "results" not in data:
@@ -177,7 +177,8 @@ def _calibrate_from_run(args: argparse.Namespace) -> int:
         msg = "calibrate: the metrics name no plan; give --plan PLAN"
         raise EspressoError(msg)
     plan = Plan.from_json(plan_path)
-    catalog = c.load_catalog(args.catalog) if args.catalog else None
+    catalog = (c.load_catalog(args.catalog, getattr(args, "network_gbs", None))
+               if args.catalog else None)
     cost, changes = calibrate.from_run(plan, run, catalog, c.load_cost_model(args.cost_model))
     h = run.header
     _io.write_text("--out", args.out,

@@ -64,6 +64,16 @@ def rent_lines(est: Estimate) -> list[str]:
     return out
 
 
+def assumption_lines(est: Estimate) -> list[str]:
+    """What the plan's rented offers assume rather than know: ``Network of X: ...`` per
+    instance type whose network between instances has no published figure."""
+    out = []
+    for r in est.rent:
+        if r.get("network_assumption"):
+            out.append(f"Network of {r['instance_type']}: {r['network_assumption']}")
+    return list(dict.fromkeys(out))
+
+
 def print_rental(plan: Plan, est: Estimate, console: Console, *, bold: bool = False) -> None:
     """The rent list, where the plan runs, its idle GPUs and its layout."""
     style = ("[bold]", "[/]") if bold else ("", "")
@@ -74,6 +84,8 @@ def print_rental(plan: Plan, est: Estimate, console: Console, *, bold: bool = Fa
         console.print(f"Rent (${est.hourly_usd:,.2f}/h):")
         for line in lines:
             console.print(f"  {style[0]}{escape(line)}{style[1]}")
+    for line in assumption_lines(est):
+        console.print(escape(line))
     dom = domain_words(plan)
     if dom:
         console.print(f"Where: {escape(dom)}")

@@ -9,7 +9,7 @@ from typing import Any
 from .. import _validate as v
 from ..errors import CatalogError
 from ..gpu_type import GpuType
-from .networks import network_for
+from .networks import GIVEN, default_network, network_for
 from .specs import SpecTable
 
 _REQUIRED = ("provider", "region", "instance_type", "gpu", "gpus_per_instance",
@@ -94,8 +94,12 @@ class Offer:
             out["market"] = None
         return {k: val for k, val in out.items() if val is not None and val != []}
 
-    def resolve(self, specs: SpecTable) -> GpuType:
-        """The catalog row: this offer joined with its GPU's spec."""
+    def resolve(self, specs: SpecTable, *, network_gbs: float | None = None) -> GpuType:
+        """The catalog row: this offer joined with its GPU's spec. Its network between
+        instances: the offer's own ``network_gbs``, else the instance family's published
+        figure, else ``network_gbs`` (GB/s per GPU, the user's assumption), else the default
+        for its provider class and GPU count (:func:`espresso.cloud.networks.default_network`);
+        the last two are marked as assumptions in the row's ``network_source``."""
         where = f"offer {self.key}"
         try:
             spec = specs[self.gpu]
@@ -106,12 +110,14 @@ class Offer:
         network = self.network_gbs
         if network is None:
             net = network_for(self.instance_type)
-            if net is None:
-                msg = (f"{where}: no network figure for instance type {self.instance_type!r}; "
-                       "give network_gbs (GB/s per GPU between instances)")
-                raise CatalogError(msg)
-            network = net.per_gpu_gbs(self.gpus_per_instance)
-            net_src = net.label
+            if net is None and network_gbs is not None:
+                network = network_gbs
+                net_src = (f"{network_gbs * 8 * self.gpus_per_instance:g} Gbps (assumption, "
+                           f"{network_gbs:g} GB/s per GPU {GIVEN})")
+            else:
+                net = net or default_network(self.provider, self.gpus_per_instance)
+                network = net.per_gpu_gbs(self.gpus_per_instance)
+                net_src = net.label
         n = self.gpus_per_instance
         return GpuType(
             name=self.key, gpu=spec.name, vendor=spec.vendor, memory_gb=spec.memory_gb,
