@@ -1,10 +1,20 @@
 """Build the built-in catalog (``espresso/data/offers.json``) from SkyPilot ``vms.csv`` files.
 
-    python -m espresso.cloud.snapshot aws=PATH gcp=PATH lambda=PATH --date YYYY-MM-DD
+From files you downloaded (one per provider; record where each came from)::
 
-keeps the GPUs with bf16 tensor cores, one offer per (provider, region, instance type), and
-the default availability (instances holding 32 GPUs per offer). docs/catalog.md says where
-the files come from and how to refresh them.
+    curl -Lo aws_vms.csv https://raw.githubusercontent.com/skypilot-org/skypilot-catalog/COMMIT/catalogs/v8/aws/vms.csv
+    python -m espresso.cloud.snapshot aws=aws_vms.csv gcp=gcp_vms.csv lambda=lambda_vms.csv \\
+        --date YYYY-MM-DD --source "skypilot-catalog catalogs/v8/aws/vms.csv @COMMIT" ...
+
+or from the catalog SkyPilot keeps where it is installed (``~/.sky/catalogs/v8/<cloud>/vms.csv``,
+fetched by SkyPilot itself, e.g. on ``sky show-gpus``)::
+
+    python -m espresso.cloud.snapshot --from-sky [--providers aws,gcp,lambda] --date YYYY-MM-DD
+
+It keeps the GPUs with bf16 tensor cores, one offer per (provider, region, instance type), and
+the default availability (instances holding 32 GPUs per offer), prints what it skipped and
+why, and writes the package's ``data/offers.json`` (or ``--out``). docs/catalog.md says which
+files and commits the shipped snapshot was built from.
 """
 
 from __future__ import annotations
@@ -16,7 +26,26 @@ from pathlib import Path
 
 from .. import _io
 from ..errors import CatalogError
-from .skypilot import DEFAULT_GPUS_PER_OFFER, read_skypilot
+from .skypilot import DEFAULT_GPUS_PER_OFFER, PROVIDERS, read_skypilot
+
+SKY_CATALOGS = "~/.sky/catalogs/v8"
+"""Where SkyPilot keeps the v8 catalogs it downloads (its ``CATALOG_DIR`` and schema
+version)."""
+SNAPSHOT_PROVIDERS = ("aws", "gcp", "lambda")
+
+
+def sky_files(root: str | Path = SKY_CATALOGS,
+              providers: tuple[str, ...] = SNAPSHOT_PROVIDERS) -> list[str]:
+    """``PROVIDER=PATH`` of each provider's ``vms.csv`` under SkyPilot's catalog folder;
+    an error naming the folder and the providers when none is there."""
+    base = Path(root).expanduser()
+    found = [f"{p}={base / p / 'vms.csv'}" for p in providers if (base / p / "vms.csv").is_file()]
+    if not found:
+        msg = (f"--from-sky: no SkyPilot catalog in {base} for {', '.join(providers)} "
+               f"(expected {base}/<provider>/vms.csv; SkyPilot downloads them when it is used, "
+               "e.g. `sky show-gpus`); or give the files themselves")
+        raise CatalogError(msg)
+    return found
 
 
 def build(paths: list[str], date: str, sources: list[str]) -> dict[str, object]:
@@ -30,17 +59,40 @@ def build(paths: list[str], date: str, sources: list[str]) -> dict[str, object]:
             "skipped": read.summary()}
 
 
+def _providers(text: str) -> tuple[str, ...]:
+    out = tuple(p.strip().lower() for p in text.split(",") if p.strip())
+    bad = [p for p in out if p not in PROVIDERS]
+    if not out or bad:
+        msg = (f"--providers: expected a comma-separated list of {', '.join(PROVIDERS)}, "
+               f"got {text!r}")
+        raise argparse.ArgumentTypeError(msg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m espresso.cloud.snapshot", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("files", nargs="+", help="PROVIDER=vms.csv (or a file named after it)")
+    ap.add_argument("files", nargs="*", help="PROVIDER=vms.csv (or a file named after it)")
+    ap.add_argument("--from-sky", nargs="?", const=SKY_CATALOGS, metavar="DIR",
+                    help=f"read SkyPilot's installed catalog (default folder: {SKY_CATALOGS})")
+    ap.add_argument("--providers", type=_providers, default=SNAPSHOT_PROVIDERS,
+                    help="with --from-sky: the providers to read (default: "
+                         f"{','.join(SNAPSHOT_PROVIDERS)})")
     ap.add_argument("--date", required=True, help="when the source files were taken")
     ap.add_argument("--source", action="append", default=[],
                     help="where a file comes from (repository, path, commit); repeatable")
     ap.add_argument("--out", default=None, help="default: the package's data/offers.json")
     args = ap.parse_args(argv)
     try:
-        data = build(args.files, args.date, args.source or ["(sources not given)"])
+        files = list(args.files)
+        sources = list(args.source)
+        if args.from_sky is not None:
+            sky = sky_files(args.from_sky, args.providers)
+            files += sky
+            sources += [f"SkyPilot's installed catalog {f.partition('=')[2]}" for f in sky]
+        if not files:
+            ap.error("give vms.csv files, or --from-sky")
+        data = build(files, args.date, sources or ["(sources not given)"])
         out = Path(args.out) if args.out else Path(str(
             resources.files("espresso").joinpath("data/offers.json")))
         _io.write_text("snapshot", out, json.dumps(data, indent=0) + "\n", err=CatalogError)
