@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from ._native import core
 from .catalog import Catalog
+from .cloud.prices import price_notes
 from .cloud.spot import with_spot
 from .cost import CostParams
 from .errors import PlanError, SpecError
@@ -129,11 +130,13 @@ def _spot(res: Any, job: Job) -> SpotEstimate | None:
         interruptions_at_confidence=int(res.interruptions_at_confidence))
 
 
-def rent_list(rows: list[Any], gpus_used: list[int],
-              instances: list[int]) -> tuple[dict[str, Any], ...]:
+def rent_list(rows: list[Any], gpus_used: list[int], instances: list[int],
+              notes: dict[str, str] | None = None) -> tuple[dict[str, Any], ...]:
     """What to rent, per catalog row used. A row whose network between instances is an
     assumption says so (``network_assumption``) when the plan spans more than one instance
-    (within one, that network carries nothing)."""
+    (within one, that network carries nothing); one priced far below its GPU's other offers
+    says why (``price_note``, :func:`espresso.cloud.prices.price_notes`)."""
+    notes = notes or {}
     out = []
     spans = sum(int(inst) for used, inst in zip(gpus_used, instances, strict=True)
                 if used > 0) > 1
@@ -147,6 +150,7 @@ def rent_list(rows: list[Any], gpus_used: list[int],
                     "hourly_usd": int(inst) * g.instance_price_per_hour,
                     **({"network_assumption": g.network_source}
                        if spans and g.network_assumed else {}),
+                    **({"price_note": notes[g.name]} if g.name in notes else {}),
                     **({"market": "spot", "interruptions_per_hour": g.interruption_rate,
                         "recovery_hours": g.recovery} if g.is_spot else {})})
     return tuple(out)
@@ -370,7 +374,7 @@ def estimate(plan: PlanLike, catalog: Catalog | Table | None = None, *,
         idle_gpus=res.idle_gpus,
         transfer_gb=res.transfer_gb,
         transfer_usd=res.transfer_usd,
-        rent=rent_list(rows, list(res.gpus_used), list(res.instances)),
+        rent=rent_list(rows, list(res.gpus_used), list(res.instances), price_notes(catalog)),
         spot=_spot(res, job),
         model_flops_per_iteration=res.model_flops_per_iteration,
         peak_flops=peak,

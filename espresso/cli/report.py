@@ -66,11 +66,14 @@ def rent_lines(est: Estimate) -> list[str]:
 
 def assumption_lines(est: Estimate) -> list[str]:
     """What the plan's rented offers assume rather than know: ``Network of X: ...`` per
-    instance type whose network between instances has no published figure."""
+    instance type whose network between instances has no published figure, ``Price: ...``
+    per offer priced far below its GPU's other offers."""
     out = []
     for r in est.rent:
         if r.get("network_assumption"):
             out.append(f"Network of {r['instance_type']}: {r['network_assumption']}")
+        if r.get("price_note"):
+            out.append(f"Price: {r['price_note']}")
     return list(dict.fromkeys(out))
 
 
