@@ -260,6 +260,8 @@ class Catalog:
                     spec["memory_bytes"] = g.memory_bytes
                 if g.fp8_tflops:
                     spec["fp8_tflops"] = g.fp8_tflops
+                if not g.bf16:
+                    spec["bf16"] = False
                 known = builtin[g.model].to_dict() if g.model in builtin else None
                 if known is None or any(known.get(k) != val for k, val in spec.items()
                                         if k != "intra_node_gbs"):

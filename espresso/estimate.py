@@ -305,6 +305,11 @@ def estimate(plan: PlanLike, catalog: Catalog | Table | None = None, *,
                    f"(fp8_tflops {row.fp8_tflops or 0:g}, bf16 {row.bf16_tflops:g}); expected "
                    "a GPU with an fp8 peak above its bf16 one, or job.precision bf16")
             raise PlanError(msg)
+        if plan.job.precision in ("bf16", "fp8") and not row.bf16:
+            msg = (f"stage {i}: job.precision is {plan.job.precision} but {row.model} has no "
+                   "bf16 tensor cores; expected job.precision fp16 (mixed precision with loss "
+                   "scaling) or a GPU with bf16")
+            raise PlanError(msg)
         keys.append(row.name)
         if row.name not in names:
             names.append(row.name)

@@ -93,6 +93,10 @@ class GpuType:
     fp8_tflops: float | None = None
     """Dense fp8 tensor-core peak in TFLOP/s (0: no fp8; an fp8 job cannot use this row).
     ``None``: the built-in spec table's figure for the GPU model, else 0."""
+    bf16: bool | None = None
+    """The GPU has bf16 tensor cores (``False``: only fp16 jobs can use this row, and
+    ``bf16_tflops`` is its fp16 rate). ``None``: the built-in spec table's flag for the GPU
+    model, else ``True``."""
 
     def __post_init__(self) -> None:
         err = CatalogError
@@ -146,6 +150,8 @@ class GpuType:
         else:
             set_(self, "fp8_tflops", v.number(f"{where}: fp8_tflops", self.fp8_tflops,
                                               minimum=0, maximum=1e6, err=err))
+        set_(self, "bf16", _default_bf16(self.model) if self.bf16 is None else
+             v.boolean(f"{where}: bf16", self.bf16, err=err))
         set_(self, "market", v.choice(f"{where}: market", self.market, MARKETS, err=err))
         for f, top in (("interruptions_per_hour", 1e3), ("recovery_hours", 1e4)):
             if getattr(self, f) is not None:
@@ -191,6 +197,8 @@ class GpuType:
             out["vendor"] = None
         if out["fp8_tflops"] == _default_fp8(self.model):
             out["fp8_tflops"] = None
+        if out["bf16"] == _default_bf16(self.model):
+            out["bf16"] = None
         if out["market"] == "on-demand":
             out["market"] = None
         return {k: val for k, val in out.items() if val is not None and val != []}
@@ -263,6 +271,25 @@ def _spec_fp8() -> dict[str, float]:
 
 def _default_fp8(model: str) -> float:
     return _spec_fp8().get(model, 0.0)
+
+
+@cache
+def _spec_bf16() -> dict[str, bool]:
+    text = resources.files("espresso").joinpath("data/gpu_specs.yaml").read_text()
+    data = yaml.safe_load(text)
+    return {str(row["name"]): bool(row.get("bf16", True)) for row in data["specs"]}
+
+
+def _default_bf16(model: str) -> bool:
+    return _spec_bf16().get(model, True)
+
+
+def runs_precision(g: GpuType, precision: str) -> bool:
+    """A job of ``precision`` can run on the row: fp16 on any GPU, bf16 on GPUs with bf16
+    tensor cores, fp8 on those with fp8 ones too (:func:`runs_fp8`)."""
+    if precision == "fp16":
+        return True
+    return bool(g.bf16) and (precision != "fp8" or runs_fp8(g))
 
 
 def runs_fp8(g: GpuType) -> bool:

@@ -28,11 +28,13 @@ DEFAULT_GLOBAL_BATCH_SIZE = 512
 _FIELDS = ("model", "seq_len", "global_batch_size", "tokens", "iterations", "deadline_hours",
            "optimizer", "deadline_confidence", "precision")
 
-PRECISIONS = ("bf16", "fp8")
-"""How the blocks' matrix multiplies run: ``bf16`` mixed precision, or ``fp8`` (Transformer
-Engine's recipes: every linear layer's GEMM in fp8, inputs cast per GEMM; attention, norms,
-the LM head and the optimizer as in bf16). An fp8 job runs only on GPUs with fp8 tensor
-cores."""
+PRECISIONS = ("bf16", "fp16", "fp8")
+"""How the blocks' matrix multiplies run: ``bf16`` mixed precision; ``fp16`` mixed precision
+with dynamic loss scaling (the same bytes and, on GPUs with both, the same tensor-core rate
+as bf16; the only choice on GPUs without bf16, such as V100, T4 and P100); or ``fp8``
+(Transformer Engine's recipes: every linear layer's GEMM in fp8, inputs cast per GEMM;
+attention, norms, the LM head and the optimizer as in bf16). A bf16 or fp8 job runs only on
+GPUs with bf16 tensor cores, an fp8 job only on those with fp8 ones too; an fp16 job on any."""
 
 DEFAULT_DEADLINE_CONFIDENCE = 0.9
 """Probability with which a plan with spot instances must meet the deadline."""
@@ -61,7 +63,8 @@ class Job:
     number of interruptions (docs/cost-model.md, "Spot capacity"); in (0, 1), default 0.9.
     On-demand plans meet it or not for sure."""
     precision: str = "bf16"
-    """``bf16`` (default) or ``fp8``: the linear layers' GEMMs in fp8 (:data:`PRECISIONS`)."""
+    """``bf16`` (default), ``fp16`` (loss-scaled; any GPU) or ``fp8`` (the linear layers'
+    GEMMs in fp8; :data:`PRECISIONS`)."""
 
     def __post_init__(self) -> None:
         err = JobError

@@ -18,7 +18,7 @@ from .cost import CostParams
 from .engines import engine_cost, engine_named, refusal
 from .errors import EspressoError, JobError, SpecError
 from .estimate import RECOMPUTE_CORE, SHARDING_CORE, _workload, estimate
-from .gpu_type import runs_fp8
+from .gpu_type import runs_precision
 from .interleave import DEFAULT_VIRTUAL_STAGES, interleave, rank_key
 from .job import Job
 from .plan import RECOMPUTE, SCHEDULES, SHARDING, Plan, Stage
@@ -121,6 +121,29 @@ def _threads(threads: int | None) -> int:
     if threads is None:
         return usable_cores()
     return v.integer("threads", threads, minimum=1, maximum=1024)
+
+
+def for_precision(catalog: Catalog, precision: str) -> Catalog:
+    """The rows a job of ``precision`` can run on (:func:`runs_precision`): the catalog itself
+    when all can, else a copy without the others; an error naming what the catalog has and
+    what would do when none can."""
+    if all(runs_precision(g, precision) for g in catalog.gpus):
+        return catalog
+    rows = tuple(g for g in catalog.gpus if runs_precision(g, precision))
+    if not rows:
+        names = sorted({g.model for g in catalog.gpus})
+        has = f"{', '.join(names[:8])}{', ...' if len(names) > 8 else ''}"
+        if precision == "fp8" and any(g.bf16 for g in catalog.gpus):
+            msg = ("job.precision fp8: no GPU type of the catalog has fp8 tensor cores "
+                   f"(fp8_tflops above its bf16 peak; the catalog has {has}); expected a "
+                   "catalog with fp8 GPUs (H100, H200, B200, L40S, L4, MI300X) or "
+                   "job.precision bf16")
+        else:
+            msg = (f"job.precision {precision}: no GPU type of the catalog has bf16 tensor "
+                   f"cores (the catalog has {has}); expected job.precision fp16 (mixed "
+                   "precision with loss scaling, --precision fp16) or a catalog with bf16 GPUs")
+        raise JobError(msg)
+    return Catalog(gpus=rows, notes=catalog.notes)
 
 
 def _depth(max_stages: int | Sequence[int]) -> tuple[int, list[int]]:
@@ -374,13 +397,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
     recompute = space["recompute"]
     middle_equal = space["middle_equal"]
     catalog = Catalog.builtin() if catalog is None else catalog
-    if job.precision == "fp8" and not any(runs_fp8(g) for g in catalog.gpus):
-        names = sorted({g.model for g in catalog.gpus})
-        msg = ("job.precision fp8: no GPU type of the catalog has fp8 tensor cores "
-               f"(fp8_tflops above its bf16 peak; the catalog has {', '.join(names[:8])}"
-               f"{', ...' if len(names) > 8 else ''}); expected a catalog with fp8 GPUs "
-               "(H100, H200, B200, L40S, L4, MI300X) or job.precision bf16")
-        raise JobError(msg)
+    catalog = for_precision(catalog, job.precision)
     cost = engine_cost(engine, cost_model)  # the engine's profile unless one is given
     if objective == "time":
         enforce_deadline = False

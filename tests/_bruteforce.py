@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import espresso as es
+from espresso.gpu_type import runs_precision
 
 
 def widths(model: es.ModelSpec, gpu: es.GpuType, max_tp: int) -> list[int]:
@@ -69,8 +70,9 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
     if sequence_parallel is None:
         sequence_parallel = job.seq_len % (1 << (max_tp.bit_length() - 1)) == 0
     model = job.model
+    # Only the GPUs the job's precision runs on (bf16 and fp8 need bf16 tensor cores).
     groups = [(g.name, w) for g in catalog for w in widths(model, g, max_tp)
-              if tp_widths is None or w in tp_widths]
+              if (tp_widths is None or w in tp_widths) and runs_precision(g, job.precision)]
 
     def splits(parts: int) -> Iterator[tuple[int, ...]]:
         # every contiguous split, or only the even one (the first L % P stages one more)

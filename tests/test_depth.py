@@ -38,7 +38,7 @@ def deep_instance(seed: int, tiers: tuple[int, ...]) -> tuple[es.Job, es.Catalog
     for n in rng.sample(BASE.names, rng.randint(2, 3)):
         g = BASE[n].to_dict()
         g.update(count=rng.randint(3, 5), memory_gb=round(rng.uniform(0.02, 0.035), 4),
-                 memory_bytes=None, gpus_per_node=rng.choice([1, 2, 4]))
+                 memory_bytes=None, gpus_per_node=rng.choice([1, 2, 4]), bf16=True)
         gpus.append(es.GpuType(**g))
     catalog = es.Catalog(gpus=tuple(gpus))
     batch = rng.choice([4, 8])

@@ -228,7 +228,7 @@ def interleavable_instance(seed: int, max_stages: int) -> tuple[es.Job, es.Catal
         g = BASE[n].to_dict()
         g.update(count=rng.randint(1, 4), memory_gb=round(rng.uniform(0.05, 0.3), 3),
                  memory_bytes=None, gpus_per_node=rng.choice([1, 2, 4]),
-                 inter_node_gbs=rng.choice([50.0, 400.0]))
+                 inter_node_gbs=rng.choice([50.0, 400.0]), bf16=True)
         gpus.append(es.GpuType(**g))
     catalog = es.Catalog(gpus=tuple(gpus))
     job = es.Job(model=model, seq_len=256, global_batch_size=batch, iterations=1000,

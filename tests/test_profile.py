@@ -127,7 +127,7 @@ def profiled_instance(seed: int) -> tuple[es.Job, es.Catalog, dict[str, es.Profi
     model = es.ModelSpec(name=f"p{seed}", num_layers=rng.randint(4, 8), hidden_size=2048,
                          num_heads=16, vocab_size=32000, gated_mlp=rng.random() < 0.5)
     gpus = [es.GpuType(**{**base[n].to_dict(), "count": rng.randint(1, 3),
-                          "gpus_per_node": rng.choice([1, 2])})
+                          "gpus_per_node": rng.choice([1, 2]), "bf16": True})
             for n in rng.sample(base.names, 3)]
     catalog = es.Catalog(gpus=tuple(gpus))
     profiles = {g.name: profile_with(model, g, fwd=rng.uniform(0.1, 2), bwd=rng.uniform(0.1, 2),

@@ -46,8 +46,9 @@ def random_instance(seed: int, max_stages: int, *,
         count = rng.randint(1, max(1, min(4, budget - left)))
         budget -= count
         g = BASE[n].to_dict()
+        # (synthetic GPUs, all with bf16 tensor cores: precision is not what these test)
         g.update(count=count, memory_gb=round(rng.uniform(0.02, 0.12), 3), memory_bytes=None,
-                 gpus_per_node=rng.choice([1, 2, 4]))
+                 gpus_per_node=rng.choice([1, 2, 4]), bf16=True)
         if slow_links:
             g.update(inter_node_gbs=rng.choice([0.0005, 0.002, 0.01, 0.1]),
                      intra_node_gbs=rng.choice([0.01, 1.0, 50.0]))
@@ -416,7 +417,7 @@ def test_the_fastest_plan_explaining_a_no_gets_a_share_of_the_limit(
 def test_model_larger_than_all_memory() -> None:
     tiny = es.Catalog.from_dict({"gpus": [BASE["T4"].to_dict() | {"count": 2}]})
     job = es.Job.from_dict(dict(model="llama2-70b", seq_len=4096, global_batch_size=64,
-                                tokens="1B", deadline="30d"))
+                                tokens="1B", deadline="30d", precision="fp16"))
     with pytest.raises(es.InfeasibleError, match="does not fit: its model states alone need"):
         es.plan(job, tiny)
 

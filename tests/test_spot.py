@@ -268,7 +268,7 @@ def spot_instance(seed: int) -> tuple[es.Job, es.Catalog, es.CostParams]:
         budget -= count
         g = BASE[n].to_dict()
         g.update(count=count, memory_gb=round(rng.uniform(0.02, 0.12), 3), memory_bytes=None,
-                 gpus_per_node=rng.choice([1, 2, 4]), spot_price_per_hour=None)
+                 gpus_per_node=rng.choice([1, 2, 4]), spot_price_per_hour=None, bf16=True)
         if rng.random() < 0.8:
             g["spot_price_per_hour"] = g["price_per_hour"] * rng.uniform(0.2, 0.6)
         rows.append(es.GpuType(**g))

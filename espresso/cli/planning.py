@@ -397,9 +397,11 @@ def add_job_args(p: argparse.ArgumentParser, *, deadline: bool) -> None:
     p.add_argument("--optimizer", choices=("adam", "adamw", "sgd", "adam-bf16"),
                    help="default adam; adam-bf16: Adam states kept in bf16 (6 bytes per "
                         "parameter, not 12)")
-    p.add_argument("--precision", choices=("bf16", "fp8"),
-                   help="default bf16; fp8: the linear layers' GEMMs in fp8 (Transformer "
-                        "Engine), on GPUs with fp8 tensor cores only")
+    p.add_argument("--precision", choices=("bf16", "fp16", "fp8"),
+                   help="default bf16 (GPUs with bf16 tensor cores); fp16: mixed precision "
+                        "with loss scaling, on any GPU (V100, T4 and P100 too); fp8: the "
+                        "linear layers' GEMMs in fp8 (Transformer Engine), on GPUs with fp8 "
+                        "tensor cores only")
     p.add_argument("--deadline-confidence", type=float, metavar="P",
                    help="with spot instances: the probability with which the deadline must "
                         "hold, over the number of interruptions (default 0.9)")

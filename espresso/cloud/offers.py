@@ -128,7 +128,8 @@ class Offer:
             count=self.instances * n, gpus_per_node=n,
             intra_node_gbs=self.intra_gbs or spec.intra_node_gbs, inter_node_gbs=network,
             efficiency=spec.efficiency, memory_bytes=spec.memory_bytes,
-            fp8_tflops=spec.fp8_tflops or 0.0, provider=self.provider, region=self.region,
+            fp8_tflops=spec.fp8_tflops or 0.0, bf16=spec.bf16,
+            provider=self.provider, region=self.region,
             zones=self.zones, instance_type=self.instance_type, network_source=net_src,
             market=self.market, interruptions_per_hour=self.interruptions_per_hour,
             recovery_hours=self.recovery_hours)

@@ -133,9 +133,10 @@ def compare(plan_path: str | Path, metrics_path: str | Path, *, skip: int = 2) -
         notes.append("CPU memory is counted term by term (parameters, gradients, optimizer "
                      "states, saved activations); the estimate's peak adds transient buffers "
                      "and works in the plan's precision")
-    if h.get("precision") != "bf16" and not h.get("reference"):
-        notes.append(f"the run used {h.get('precision')}; the plan is costed in bf16 mixed "
-                     "precision")
+    # fp16 (loss-scaled) and bf16 mixed precision cost the same bytes and tensor-core time.
+    if h.get("precision") not in ("bf16", "fp16") and not h.get("reference"):
+        notes.append(f"the run used {h.get('precision')}; the plan is costed in "
+                     f"{plan.job.precision} mixed precision")
     return Comparison(plan, run, len(timed), speed, memory, notes)
 
 

@@ -78,8 +78,8 @@ def plan_lacks_bf16(plan: Plan) -> list[str]:
 
 
 def resolve_precision(requested: str, plan: Plan, device: Any) -> str:
-    """``auto``: fp32 on CPU; on GPUs bf16 autocast, or fp16 with loss scaling where the
-    plan's GPUs (or this device) lack bf16."""
+    """``auto``: fp32 on CPU; on GPUs bf16 autocast, or fp16 with loss scaling where the plan
+    says fp16 (``job.precision``) or its GPUs (or this device) lack bf16."""
     if requested != "auto":
         if requested == "fp16" and device.type == "cpu":
             msg = "--precision fp16: autocast to fp16 needs a GPU; use bf16 or fp32 on CPU"
@@ -87,7 +87,8 @@ def resolve_precision(requested: str, plan: Plan, device: Any) -> str:
         return requested
     if device.type != "cuda":
         return "fp32"
-    if plan_lacks_bf16(plan) or not torch.cuda.is_bf16_supported():
+    if (plan.job.precision == "fp16" or plan_lacks_bf16(plan)
+            or not torch.cuda.is_bf16_supported()):
         return "fp16"
     return "bf16"
 
