@@ -468,3 +468,16 @@ def test_twin_regions_equal_brute_force(seed: int) -> None:
     # r1 comes before r2 (its bound is no higher) and is searched to the end on one
     # thread: r2 is then cut by its bound or settled by r1, never searched.
     assert r.stats.subproblems == 4 and r.stats.subproblems_searched <= 3
+
+
+def test_aliases_differing_in_case_name_one_gpu() -> None:
+    """Seeweb writes `L40s`, AWS `L40S`: both are the L40S (the spec lists both aliases),
+    and the new spec rows resolve by their SkyPilot names."""
+    from espresso.cloud.specs import SpecTable
+
+    table = SpecTable.builtin()
+    assert [s.name for s in table.by_alias("L40s")] == ["L40S"]
+    assert [s.name for s in table.by_alias("l40S")] == ["L40S"]
+    for alias, name in (("RTX3090", "RTX-3090"), ("A30", "A30"), ("A40", "A40"),
+                        ("RTXA4000", "RTX-A4000")):
+        assert [s.name for s in table.by_alias(alias)] == [name]

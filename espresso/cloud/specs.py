@@ -94,7 +94,9 @@ class SpecTable:
                 raise CatalogError(msg)
             self._by_name[s.name] = s
             for a in s.aliases:
-                self._by_alias.setdefault(a.upper(), []).append(s)
+                found = self._by_alias.setdefault(a.upper(), [])
+                if s not in found:  # aliases differing in case only (L40S, L40s) are one
+                    found.append(s)
 
     @classmethod
     def builtin(cls) -> SpecTable:
