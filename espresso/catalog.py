@@ -25,9 +25,21 @@ from .cloud.offers import Offer, offer_of
 from .cloud.skypilot import DEFAULT_GPUS_PER_OFFER, read_skypilot
 from .cloud.specs import SpecTable
 from .errors import CatalogError
-from .gpu_type import MARKETS, GpuType
+from .gpu_type import ASSUMED, MARKETS, GpuType
 
 __all__ = ["BUILTINS", "MARKETS", "Catalog", "GpuType"]
+
+ASSUMPTION_NOTE = "availability is an assumption"
+"""How the note of a catalog whose offers' availability is assumed begins."""
+
+
+def without_stale_assumption(notes: Sequence[str], rows: Sequence[GpuType]) -> tuple[str, ...]:
+    """``notes`` without the availability assumption once no row's count is assumed any more
+    (a quota or a cap replaced every one), so the output never contradicts itself."""
+    if any((g.availability or "").startswith("assumed:") for g in rows):
+        return tuple(notes)
+    return tuple(n for n in notes if not n.startswith(ASSUMPTION_NOTE))
+
 
 def _network_arg(gbs: float | None) -> float | None:
     """``network_gbs`` (``--network-gbs``): GB/s per GPU, or None."""
@@ -207,6 +219,9 @@ class Catalog:
         if not isinstance(notes, list):
             msg = f"catalog.notes: expected a list of strings, got {notes!r}"
             raise CatalogError(msg)
+        if any(str(n).startswith(ASSUMPTION_NOTE) for n in notes):
+            rows = [g if g.availability is not None or not g.provider
+                    else replace(g, availability=ASSUMED) for g in rows]
         return cls(gpus=tuple(rows), notes=(*(str(n) for n in notes), *_network_notes(rows)))
 
     @classmethod
@@ -233,10 +248,12 @@ class Catalog:
         specs = SpecTable.builtin()
         notes = (f"SkyPilot catalog: {', '.join(map(str, items))} ({len(read.offers)} offers "
                  f"from {read.rows} GPU rows)",
-                 f"availability is an assumption: {per} GPUs per offer (whole instances); "
+                 f"{ASSUMPTION_NOTE}: {per} GPUs per offer (whole instances); "
                  "give your quotas with --quota or --max-instances",
                  *read.summary())
-        rows = [o.resolve(specs, network_gbs=network_gbs) for o in read.offers]
+        rows = [replace(o.resolve(specs, network_gbs=network_gbs),
+                        availability=ASSUMED.replace("32", str(per)))
+                for o in read.offers]
         return cls(gpus=tuple(rows), notes=(*notes, *_network_notes(rows)))
 
     def to_dict(self) -> dict[str, Any]:

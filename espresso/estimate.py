@@ -148,6 +148,8 @@ def rent_list(rows: list[Any], gpus_used: list[int], instances: list[int],
                     "instance_type": g.instance_label, "gpu": g.model, "instances": int(inst),
                     "gpus": gpus, "idle_gpus": gpus - int(used),
                     "hourly_usd": int(inst) * g.instance_price_per_hour,
+                    "available": g.instances,
+                    **({"availability": g.availability} if g.availability else {}),
                     **({"network_assumption": g.network_source}
                        if spans and g.network_assumed else {}),
                     **({"price_note": notes[g.name]} if g.name in notes else {}),

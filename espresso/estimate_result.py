@@ -16,7 +16,8 @@ MAY_BE_NEGATIVE = ("headroom_gb", "interruptions_at_confidence")
 RENT_KEYS = {"offer": "str", "provider": "str?", "region": "str?", "instance_type": "str",
              "gpu": "str", "instances": "int", "gpus": "int", "idle_gpus": "int",
              "hourly_usd": "float", "market": "str", "interruptions_per_hour": "float",
-             "recovery_hours": "float", "network_assumption": "str", "price_note": "str"}
+             "recovery_hours": "float", "network_assumption": "str", "price_note": "str",
+             "available": "int", "availability": "str"}
 """The fields of one entry of ``Estimate.rent`` and their types (``?``: may be null)."""
 RENT_REQUIRED = ("offer", "provider", "region", "instance_type", "gpu", "instances", "gpus",
                  "hourly_usd")

@@ -22,6 +22,11 @@ from .errors import CatalogError
 MARKETS = ("on-demand", "spot")
 """How a row's instances are bought."""
 
+ASSUMED = "assumed: 32 GPUs per offer, no quota given"
+"""The availability of offers read from a cloud catalog (the built-in snapshot, SkyPilot
+files) until a quota file or ``--max-instances`` says otherwise (every assumed availability
+begins with ``assumed:``)."""
+
 _REQUIRED = (
     "name",
     "memory_gb",
@@ -93,6 +98,10 @@ class GpuType:
     fp8_tflops: float | None = None
     """Dense fp8 tensor-core peak in TFLOP/s (0: no fp8; an fp8 job cannot use this row).
     ``None``: the built-in spec table's figure for the GPU model, else 0."""
+    availability: str | None = None
+    """What set ``count``: a quota file's entry, ``--max-instances``, the catalog's stated
+    assumption (:data:`ASSUMED`); ``None``: the catalog gives it. Each rented offer's is in
+    the plan's rent list."""
     bf16: bool | None = None
     """The GPU has bf16 tensor cores (``False``: only fp16 jobs can use this row, and
     ``bf16_tflops`` is its fp16 rate). ``None``: the built-in spec table's flag for the GPU
@@ -150,6 +159,9 @@ class GpuType:
         else:
             set_(self, "fp8_tflops", v.number(f"{where}: fp8_tflops", self.fp8_tflops,
                                               minimum=0, maximum=1e6, err=err))
+        if self.availability is not None:
+            set_(self, "availability", v.string(f"{where}: availability", self.availability,
+                                                err=err))
         set_(self, "bf16", _default_bf16(self.model) if self.bf16 is None else
              v.boolean(f"{where}: bf16", self.bf16, err=err))
         set_(self, "market", v.choice(f"{where}: market", self.market, MARKETS, err=err))

@@ -65,11 +65,16 @@ def rent_lines(est: Estimate) -> list[str]:
 
 
 def assumption_lines(est: Estimate) -> list[str]:
-    """What the plan's rented offers assume rather than know: ``Network of X: ...`` per
-    instance type whose network between instances has no published figure, ``Price: ...``
-    per offer priced far below its GPU's other offers."""
+    """What bounds the plan's rented offers and what they assume rather than know: per
+    offer, ``Availability: k of n x X (the rule that set n)``; ``Network of X: ...`` where
+    its network between instances has no published figure; ``Price: ...`` where it is priced
+    far below its GPU's other offers."""
     out = []
     for r in est.rent:
+        if r.get("availability") and "available" in r:
+            out.append(f"Availability: {r['instances']} of {r['available']} x "
+                       f"{r['instance_type']}{' (spot)' if r.get('market') == 'spot' else ''}"
+                       f"{' (' + r['availability'] + ')' if r.get('availability') else ''}")
         if r.get("network_assumption"):
             out.append(f"Network of {r['instance_type']}: {r['network_assumption']}")
         if r.get("price_note"):

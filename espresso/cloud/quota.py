@@ -23,15 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from .. import _validate as v
-from ..catalog import Catalog, GpuType
+from ..catalog import ASSUMPTION_NOTE, Catalog, GpuType, without_stale_assumption
 from ..errors import CatalogError
 
 _FIELDS = ("provider", "region", "instance_type", "gpu", "market")
 _SETS = ("instances", "interruptions_per_hour", "recovery_hours")
 
 
-def _set_instances(g: GpuType, n: int) -> GpuType:
-    return replace(g, count=n * g.gpus_per_node)
+def _set_instances(g: GpuType, n: int, why: str) -> GpuType:
+    return replace(g, count=n * g.gpus_per_node, availability=why)
 
 
 def apply_quota(catalog: Catalog, quota: Any) -> Catalog:
@@ -73,21 +73,27 @@ def apply_quota(catalog: Catalog, quota: Any) -> Catalog:
                   "market": g.market}
         for pats, sets, i in rules:
             if all(fnmatch.fnmatchcase(values[f], p) for f, p in pats.items()):
-                row = _set_instances(g, sets["instances"]) if "instances" in sets else g
+                row = g
+                if "instances" in sets:
+                    row = _set_instances(g, sets["instances"], f"quota file entry {i + 1} ("
+                                         + ", ".join(f"{f} {p}" for f, p in pats.items())
+                                         + f": {sets['instances']} instances each)")
                 spot = {k: val for k, val in sets.items() if k != "instances"}
                 rows.append(replace(row, **spot) if spot else row)
                 used.add(i)
                 break
         else:
-            rows.append(g if default is None else _set_instances(g, default))
+            rows.append(g if default is None else
+                        _set_instances(g, default, f"quota file default ({default} instances)"))
     unused = [i for _, _, i in rules if i not in used]
     if unused:
         msg = (f"quota.quotas[{unused[0]}] matches no offer of the catalog "
                f"({entries[unused[0]]!r}); check the provider, region and instance type")
         raise CatalogError(msg)
-    notes = [n for n in catalog.notes if not n.startswith("availability is an assumption")]
-    notes.append("availability from a quota file" + (
-        f" (default {default} instances)" if default is not None else ""))
+    notes = [*without_stale_assumption(catalog.notes, rows),
+             "availability from a quota file" + (f" (default {default} instances)"
+                                                 if default is not None else
+                                                 "; offers no entry matches keep their own")]
     return Catalog(gpus=tuple(rows), notes=tuple(notes))
 
 
@@ -104,5 +110,11 @@ def load_quota(catalog: Catalog, path: str | Path) -> Catalog:
 def max_instances(catalog: Catalog, n: int) -> Catalog:
     """The catalog with at most ``n`` instances of each offer."""
     n = v.integer("max_instances", n, minimum=0, maximum=1 << 30, err=CatalogError)
-    rows = tuple(g if g.instances <= n else _set_instances(g, n) for g in catalog.gpus)
-    return Catalog(gpus=rows, notes=(*catalog.notes, f"at most {n} instances of each offer"))
+    rows = tuple(g if g.instances <= n else _set_instances(g, n, f"--max-instances {n}")
+                 for g in catalog.gpus)
+    notes = [m for m in catalog.notes if not m.startswith(ASSUMPTION_NOTE)]
+    still = [g for g in rows if (g.availability or "").startswith("assumed:")]
+    notes.append(f"availability: at most {n} instances of each offer (--max-instances)" + (
+        f"; {len(still)} offers keep the fewer instances assumed without a quota "
+        "(32 GPUs per offer)" if still else ""))
+    return Catalog(gpus=rows, notes=tuple(notes))
