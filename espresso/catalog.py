@@ -252,7 +252,7 @@ class Catalog:
                  "give your quotas with --quota or --max-instances",
                  *read.summary())
         rows = [replace(o.resolve(specs, network_gbs=network_gbs),
-                        availability=ASSUMED.replace("32", str(per)))
+                        availability=o.availability or ASSUMED.replace("32", str(per)))
                 for o in read.offers]
         return cls(gpus=tuple(rows), notes=(*notes, *_network_notes(rows)))
 

@@ -130,6 +130,25 @@ def _spot(res: Any, job: Job) -> SpotEstimate | None:
         interruptions_at_confidence=int(res.interruptions_at_confidence))
 
 
+def pool_use(rows: Sequence[Any], instances: Sequence[int]) -> dict[str, float]:
+    """Units of each shared limit (``GpuType.pool``) the rented instances use."""
+    used: dict[str, float] = {}
+    for g, inst in zip(rows, instances, strict=True):
+        if g.pool is not None and inst > 0:
+            used[g.pool] = used.get(g.pool, 0.0) + int(inst) * float(g.pool_units or 0.0)
+    return used
+
+
+def pools_exceeded(rows: Sequence[Any], instances: Sequence[int]) -> list[str]:
+    """Why the rented instances break a shared limit (none: they do not)."""
+    limits = {g.pool: float(g.pool_limit or 0.0) for g in rows if g.pool is not None}
+    return [f"the plan's instances use {used:g} units of the shared limit {pool!r}, which "
+            f"allows {limits[pool]:g} (its offers: "
+            + ", ".join(g.name for g in rows if g.pool == pool) + ")"
+            for pool, used in pool_use(rows, instances).items()
+            if used > limits[pool] * (1 + 1e-9)]
+
+
 def rent_list(rows: list[Any], gpus_used: list[int], instances: list[int],
               notes: dict[str, str] | None = None) -> tuple[dict[str, Any], ...]:
     """What to rent, per catalog row used. A row whose network between instances is an
@@ -137,6 +156,8 @@ def rent_list(rows: list[Any], gpus_used: list[int], instances: list[int],
     (within one, that network carries nothing); one priced far below its GPU's other offers
     says why (``price_note``, :func:`espresso.cloud.prices.price_notes`)."""
     notes = notes or {}
+    pooled = pool_use([g for g, used in zip(rows, gpus_used, strict=True) if used > 0],
+                      [int(i) for i, used in zip(instances, gpus_used, strict=True) if used > 0])
     out = []
     spans = sum(int(inst) for used, inst in zip(gpus_used, instances, strict=True)
                 if used > 0) > 1
@@ -149,7 +170,9 @@ def rent_list(rows: list[Any], gpus_used: list[int], instances: list[int],
                     "gpus": gpus, "idle_gpus": gpus - int(used),
                     "hourly_usd": int(inst) * g.instance_price_per_hour,
                     "available": g.instances,
-                    **({"availability": g.availability} if g.availability else {}),
+                    **({"availability": g.availability + (
+                        f"; the plan uses {pooled.get(g.pool, 0.0):g} of {g.pool_limit:g}"
+                        if g.pool is not None else "")} if g.availability else {}),
                     **({"network_assumption": g.network_source}
                        if spans and g.network_assumed else {}),
                     **({"price_note": notes[g.name]} if g.name in notes else {}),
@@ -354,6 +377,8 @@ def estimate(plan: PlanLike, catalog: Catalog | Table | None = None, *,
         ))
     peak = sum(catalog[n].bf16_tflops * 1e12 * c for n, c in zip(names, res.gpus_used, strict=True))
     reasons = tuple(_reason(i, plan, names, res, catalog) for i in res.issues)
+    over = pools_exceeded(rows, list(res.instances))
+    reasons += tuple(over)
     job = plan.job
     return Estimate(
         iteration_s=res.iteration_s,
@@ -362,7 +387,7 @@ def estimate(plan: PlanLike, catalog: Catalog | Table | None = None, *,
         total_usd=res.total_usd,
         stage_time_s=tuple(s.time_s for s in stages),
         stage_memory_gb=tuple(s.memory_gb for s in stages),
-        feasible=res.feasible,
+        feasible=res.feasible and not over,
         meets_deadline=res.meets_deadline,
         iterations=job.num_iterations,
         deadline_hours=job.deadline_hours,

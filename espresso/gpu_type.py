@@ -102,6 +102,14 @@ class GpuType:
     """What set ``count``: a quota file's entry, ``--max-instances``, the catalog's stated
     assumption (:data:`ASSUMED`); ``None``: the catalog gives it. Each rented offer's is in
     the plan's rent list."""
+    pool: str | None = None
+    """A limit this row shares with others (a cloud quota: AWS's vCPUs per instance family
+    and region, GCP's GPUs per model and region): its name, the same on every row it covers
+    (``--quota`` limits set it; docs/catalog.md, "Shared limits")."""
+    pool_units: float | None = None
+    """What one instance of this row uses of its pool (vCPUs, GPUs, or 1)."""
+    pool_limit: float | None = None
+    """The pool's capacity, in the same units (the same on every row of the pool)."""
     bf16: bool | None = None
     """The GPU has bf16 tensor cores (``False``: only fp16 jobs can use this row, and
     ``bf16_tflops`` is its fp16 rate). ``None``: the built-in spec table's flag for the GPU
@@ -159,6 +167,17 @@ class GpuType:
         else:
             set_(self, "fp8_tflops", v.number(f"{where}: fp8_tflops", self.fp8_tflops,
                                               minimum=0, maximum=1e6, err=err))
+        pooled = [f for f in ("pool", "pool_units", "pool_limit") if getattr(self, f) is not None]
+        if pooled and len(pooled) != 3:
+            msg = (f"{where}: pool, pool_units and pool_limit go together; got only "
+                   f"{', '.join(pooled)}")
+            raise CatalogError(msg)
+        if pooled:
+            set_(self, "pool", v.string(f"{where}: pool", self.pool, err=err))
+            set_(self, "pool_units", v.number(f"{where}: pool_units", self.pool_units,
+                                              minimum=0, maximum=1e9, err=err))
+            set_(self, "pool_limit", v.number(f"{where}: pool_limit", self.pool_limit,
+                                              minimum=0, maximum=1e12, err=err))
         if self.availability is not None:
             set_(self, "availability", v.string(f"{where}: availability", self.availability,
                                                 err=err))

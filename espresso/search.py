@@ -446,6 +446,7 @@ def search(job: Job, catalog: Catalog | None = None, *, objective: str = "cost",
             # among them: only the shallow space is left (the native deep pass is skipped).
             o.max_stages, o.max_stages_by_types = min(o.max_stages, o.max_stages_by_types[-1]), []
         o.monitor = opts.monitor
+        o.pools = table.pools
         o.shared = shared
         o.crew = crew
         # A domain that spans locations also returns plans in one location, which are not
@@ -689,8 +690,8 @@ def _find_twins(tasks: list[Task], *, by_price: bool = True) -> None:
     having: dict[tuple[Any, ...], list[int]] = {}
     for i, task in enumerate(tasks):
         sp, specs = task.payload.sp, task.payload.specs
-        if sp.spans:
-            continue
+        if sp.spans or any(s.pool >= 0 for s in specs):
+            continue  # (shared limits: a row's count alone does not say what it can have)
         rows: _Rows = {}
         for s in specs:
             rows.setdefault(tuple(getattr(s, f) for f in _SHAPE), []).append(

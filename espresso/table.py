@@ -18,7 +18,7 @@ from typing import Any
 from .catalog import Catalog
 from .cloud.domains import apply_crossing
 from .cost import CostParams
-from .errors import SpecError
+from .errors import CatalogError, SpecError
 from .model import ModelSpec
 from .profile import Profile
 
@@ -29,7 +29,7 @@ class Table:
     """``catalog``'s rows resolved for ``model`` under ``cost`` with ``profiles`` (``{GPU
     model: Profile}``, already normalised by :func:`espresso.profile.as_profiles`)."""
 
-    __slots__ = ("_specs", "catalog", "cost", "model", "profiles")
+    __slots__ = ("_pool_index", "_specs", "catalog", "cost", "model", "pools", "profiles")
 
     def __init__(self, catalog: Catalog, model: ModelSpec, cost: CostParams,
                  profiles: Mapping[str, Profile] | None = None) -> None:
@@ -48,6 +48,20 @@ class Table:
         # Row index -> its native spec, resolved on first use: a search over a catalog of
         # thousands of offers touches only the rows of the subproblems it prepares.
         self._specs: dict[int, Any] = {}
+        # Limits shared by several rows (GpuType.pool): their capacities, by index.
+        self.pools: list[float] = []
+        self._pool_index: dict[str, int] = {}
+        for g in catalog:
+            if g.pool is None:
+                continue
+            i = self._pool_index.get(g.pool)
+            if i is None:
+                self._pool_index[g.pool] = len(self.pools)
+                self.pools.append(float(g.pool_limit or 0.0))
+            elif self.pools[i] != g.pool_limit:
+                msg = (f"gpu {g.name!r}: pool {g.pool!r} has the limit {g.pool_limit:g} here "
+                       f"but {self.pools[i]:g} on another row; a pool has one limit")
+                raise CatalogError(msg)
 
     def spec(self, i: int) -> Any:
         """Row ``i``'s native spec, profiles applied. Shared: copy it before changing it."""
@@ -55,6 +69,9 @@ class Table:
         if s is None:
             row = self.catalog.gpus[i]
             s = row._spec()
+            if row.pool is not None:
+                s.pool = self._pool_index[row.pool]
+                s.pool_units = float(row.pool_units or 0.0)
             prof = self.profiles.get(row.model)  # a profile is of a GPU model, wherever rented
             if prof is not None:
                 for k, val in prof.factors(self.model, row, self.cost).items():

@@ -104,6 +104,16 @@ def brute_force(job: es.Job, catalog: es.Catalog, *, micro_batch_sizes: tuple[in
                         use[name] = use.get(name, 0) + w * dp
                     if any(use[n] > catalog[n].count for n in use):
                         continue
+                    # Shared limits: the instances of a pool's rows together.
+                    pools: dict[str, float] = {}
+                    for n, used in use.items():
+                        g = catalog[n]
+                        if g.pool is not None:
+                            inst = -(-used // g.gpus_per_node)
+                            pools[g.pool] = pools.get(g.pool, 0.0) + inst * (g.pool_units or 0)
+                    if any(u > (catalog.gpus[[g.pool for g in catalog].index(p)].pool_limit
+                                or 0) * (1 + 1e-9) for p, u in pools.items()):
+                        continue
                     for order, split, v in itertools.product(
                             set(itertools.permutations(ms)),
                             splits(len(ms)), virtual_stages):

@@ -61,6 +61,8 @@ void register_cost_model(py::module_& m) {
         .def_readwrite("efficiency", &GpuSpec::efficiency)
         .def_readwrite("price_per_hour", &GpuSpec::price_per_hour)
         .def_readwrite("count", &GpuSpec::count)
+        .def_readwrite("pool", &GpuSpec::pool)
+        .def_readwrite("pool_units", &GpuSpec::pool_units)
         .def_readwrite("gpus_per_node", &GpuSpec::gpus_per_node)
         .def_readwrite("interruptions_per_hour", &GpuSpec::interruptions_per_hour)
         .def_readwrite("recovery_hours", &GpuSpec::recovery_hours)

@@ -83,6 +83,7 @@ void register_search(py::module_& m) {
         .def_readwrite("enforce_deadline", &SearchOptions::enforce_deadline)
         .def_readwrite("time_limit_s", &SearchOptions::time_limit_s)
         .def_readwrite("max_gpu_types", &SearchOptions::max_gpu_types)
+        .def_readwrite("pools", &SearchOptions::pools)
         .def_readwrite("incumbent", &SearchOptions::incumbent)
         .def_readwrite("gap", &SearchOptions::gap)
         .def_readwrite("shared", &SearchOptions::shared)

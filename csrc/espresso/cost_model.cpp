@@ -208,6 +208,10 @@ void validate(const GpuSpec& g, std::size_t index) {
     }
     check_int(f + "count", g.count, 0, std::int64_t{1} << 40);
     check_int(f + "gpus_per_node", g.gpus_per_node, 1, kMaxTp);
+    check_int(f + "pool", g.pool, -1, std::int64_t{1} << 20);
+    if (!std::isfinite(g.pool_units) || g.pool_units < 0 || g.pool_units > 1e9) {
+        bad(f + "pool_units", g.pool_units, "in [0, 1e9] per instance");
+    }
     if (!std::isfinite(g.interruptions_per_hour) || g.interruptions_per_hour < 0 ||
         g.interruptions_per_hour > 1e3) {
         bad(f + "interruptions_per_hour", g.interruptions_per_hour, "in [0, 1000] per instance-hour");

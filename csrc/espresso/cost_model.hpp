@@ -53,6 +53,10 @@ struct GpuSpec {
     // reclaimed instance is replaced (docs/cost-model.md, "Spot capacity").
     double interruptions_per_hour = 0;
     double recovery_hours = 0;
+    // A limit shared with other offers (a cloud quota such as AWS's vCPUs per instance
+    // family, SearchOptions::pools): its index (-1: none) and what one instance uses of it.
+    std::int64_t pool = -1;
+    double pool_units = 0;
     // Measured profile (espresso.profile), as factors on the analytic model: a block's
     // forward and backward compute time, the head's, and a block's stashed activations.
     // 1: analytic. profile_min_time_scale() is the least of the four time factors.

@@ -85,6 +85,12 @@ void check_options(const SearchOptions& o) {
     if (std::isnan(o.incumbent)) throw std::invalid_argument("incumbent must be a number");
     if (!(o.gap >= 0 && o.gap < 1)) throw std::invalid_argument("gap must be in [0, 1)");
     if (o.max_gpu_types < 1) throw std::invalid_argument("max_gpu_types must be >= 1");
+    if (o.pools.size() > (std::size_t{1} << 20)) throw std::invalid_argument("pools: at most 2^20");
+    for (const double cap : o.pools) {
+        if (!std::isfinite(cap) || cap < 0 || cap > 1e12) {
+            throw std::invalid_argument("pools: each capacity must be in [0, 1e12]");
+        }
+    }
     if (o.placer.node_limit < 1 || o.placer.memo_limit < 0) {
         throw std::invalid_argument("placer limits must be positive");
     }
@@ -133,7 +139,14 @@ SearchResult search(const ModelDims& model, const std::vector<GpuSpec>& gpus,
     }
     validate(model);
     validate(params);
-    for (std::size_t g = 0; g < gpus.size(); ++g) validate(gpus[g], g);
+    for (std::size_t g = 0; g < gpus.size(); ++g) {
+        validate(gpus[g], g);
+        if (gpus[g].pool >= static_cast<std::int64_t>(options.pools.size())) {
+            throw std::invalid_argument("gpus[" + std::to_string(g) + "].pool: " +
+                                        std::to_string(gpus[g].pool) + " is not a pool index "
+                                        "(options.pools has " + std::to_string(options.pools.size()) + ")");
+        }
+    }
     if (gpus.empty()) throw std::invalid_argument("the catalog has no GPU types");
     Workload w = job;
     w.dp = 1;

@@ -51,6 +51,9 @@ struct SearchOptions {
     bool enforce_deadline = true;
     double time_limit_s = 0;            // wall clock, checked everywhere time is spent; 0: none
     std::int64_t max_gpu_types = 1 << 20;  // distinct GPU types in one plan at most
+    // Limits shared by several GPU types (GpuSpec::pool indexes this): the units (vCPUs,
+    // GPUs, instances) their instances may use together.
+    std::vector<double> pools;
     // Plans worse than this (objective units) are of no interest: the caller holds top_k
     // plans at least this good (e.g. from another domain). Prunes from the first node.
     double incumbent = std::numeric_limits<double>::infinity();

@@ -11,6 +11,36 @@
 
 namespace espresso::search_detail {
 
+double Tree::pool_used(const Node& n, const Combo& c, std::int64_t pool) const {
+    double used = 0;
+    for (std::size_t k = 0; k < n.choices.size(); ++k) {
+        const std::int32_t t = n.choices[k].type;
+        const GpuSpec& g = gpus_[static_cast<std::size_t>(t)];
+        if (g.pool != pool) continue;
+        // A type's choices are adjacent (a node adds one type at a time): its GPUs in all.
+        if (k > 0 && n.choices[k - 1].type == t) continue;
+        std::int64_t gpus = 0;
+        for (std::size_t j = k; j < n.choices.size() && n.choices[j].type == t; ++j) {
+            gpus += std::int64_t{n.choices[j].tp} * n.choices[j].count;
+        }
+        used += d(instances_for(g, c.work.dp * gpus)) * g.pool_units;
+    }
+    return used;
+}
+
+std::int64_t Tree::room_per_replica(const Node& n, const Combo& c, std::int64_t t) const {
+    const GpuSpec& g = gpus_[static_cast<std::size_t>(t)];
+    std::int64_t gpus = g.count;
+    if (g.pool >= 0 && g.pool_units > 0) {
+        const double left = opt_.pools[static_cast<std::size_t>(g.pool)] - pool_used(n, c, g.pool);
+        // ceil(dp x used / node) instances x units <= left
+        const double inst = std::floor(left / g.pool_units * (1 + 1e-12));
+        const double most = std::max(0.0, inst) * d(g.gpus_per_node);
+        if (most < d(gpus)) gpus = static_cast<std::int64_t>(most);
+    }
+    return gpus / c.work.dp;
+}
+
 void Tree::process(const Node& node, double thr, std::vector<Node>& children, Local& local) {
     const Combo& c = combos_[static_cast<std::size_t>(node.combo)];
     // 1. The node's own allocation.
@@ -70,9 +100,8 @@ void Tree::process(const Node& node, double thr, std::vector<Node>& children, Lo
             continue;
         }
         const std::int64_t t = order_[p];
-        const GpuSpec& g = gpus_[static_cast<std::size_t>(t)];
         const std::vector<std::int64_t>& ws = widths_[static_cast<std::size_t>(t)];
-        const std::int64_t per_replica = g.count / c.work.dp;
+        const std::int64_t per_replica = room_per_replica(node, c, t);
         std::vector<std::int64_t> counts(ws.size(), 0);
         enumerate(node, c, p, ws, per_replica, room, 0, 0, 0, counts, thr, children, local);
     }
@@ -122,6 +151,9 @@ void Tree::make_child(const Node& node, const Combo& c, std::size_t p,
                 if (ch.type == i) used_i += ch.tp * ch.count;
             }
             const GpuSpec& gi = gpus_[static_cast<std::size_t>(i)];
+            // A dominator under a shared limit might leave too little of it to the types
+            // a completion adds later: no dominance then (exact, only less pruning).
+            if (gi.pool >= 0) continue;
             const std::int64_t have = c.work.dp * used_i, add = c.work.dp * gpus_per_replica;
             if (gi.count - have < add) continue;
             // Moving these GPUs onto i costs no more than renting them as t (whole

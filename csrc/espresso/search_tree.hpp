@@ -79,6 +79,11 @@ public:
 private:
     bool dominates(std::int64_t i, std::int64_t j) const;
 
+    // Units of shared limit `pool` the node's instances use (GpuSpec::pool_units each).
+    double pool_used(const Node& n, const Combo& c, std::int64_t pool) const;
+    // GPUs per replica type t may add to node n: its own count, and what its pool has left.
+    std::int64_t room_per_replica(const Node& n, const Combo& c, std::int64_t t) const;
+
     StageFit stage_fit(const Combo& c, std::size_t st, std::int64_t tp) const;
     // stage_fit, from the passes' cache where an earlier pass computed it.
     StageFit fit_of(const FitKey& key, const Combo& c, std::size_t st, std::int64_t tp) const;

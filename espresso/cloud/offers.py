@@ -51,6 +51,13 @@ class Offer:
     """Interruptions per instance-hour (spot; default: the provider's)."""
     recovery_hours: float | None = None
     """Hours to replace a reclaimed instance (spot; default: the provider's)."""
+    availability: str | None = None
+    """What set ``instances`` (a quota's entry, ``--max-instances``; GpuType.availability)."""
+    pool: str | None = None
+    """A limit shared with other offers, with ``pool_units`` per instance and ``pool_limit``
+    in all (GpuType.pool; docs/catalog.md, "Shared limits")."""
+    pool_units: float | None = None
+    pool_limit: float | None = None
 
     @property
     def key(self) -> str:
@@ -132,7 +139,8 @@ class Offer:
             provider=self.provider, region=self.region,
             zones=self.zones, instance_type=self.instance_type, network_source=net_src,
             market=self.market, interruptions_per_hour=self.interruptions_per_hour,
-            recovery_hours=self.recovery_hours)
+            recovery_hours=self.recovery_hours, availability=self.availability,
+            pool=self.pool, pool_units=self.pool_units, pool_limit=self.pool_limit)
 
 
 def offer_of(row: GpuType) -> Offer:
@@ -148,4 +156,5 @@ def offer_of(row: GpuType) -> Offer:
                  zones=row.zones, intra_gbs=row.intra_node_gbs, network_gbs=row.inter_node_gbs,
                  network_source=row.network_source, market=row.market,
                  interruptions_per_hour=row.interruptions_per_hour,
-                 recovery_hours=row.recovery_hours)
+                 recovery_hours=row.recovery_hours, availability=row.availability,
+                 pool=row.pool, pool_units=row.pool_units, pool_limit=row.pool_limit)

@@ -13,11 +13,26 @@ Quota file (YAML or JSON)::
 ``market`` (``on-demand`` or ``spot``) matches the rows ``--spot`` adds; an entry may set a
 spot row's ``interruptions_per_hour`` and ``recovery_hours`` (hours to replace an instance)
 besides, or instead of, its ``instances``.
+
+Limits shared by several offers, as the clouds enforce them (each applies per region: one
+pool of the given size in every region it matches; the first limit matching an offer wins)::
+
+    limits:
+      - {provider: aws, family: P, vcpus: 384}   # Running On-Demand P instances
+      - {provider: aws, family: G, market: spot, vcpus: 192}   # All G and VT Spot Requests
+      - {provider: gcp, gpu: H100-SXM, gpus: 16}   # NVIDIA_H100_GPUS
+      - {provider: gcp, gpu: H100-SXM, market: spot, gpus: 8}   # PREEMPTIBLE_NVIDIA_H100_GPUS
+      - {provider: lambda, instance_type: "gpu_8x_*", instances: 2}
+
+``family`` is AWS's instance family group (P, G, DL, Inf, Trn: the instance types whose
+name begins so, G with VT). ``vcpus`` counts each instance's vCPUs (AWS instance types of
+size ``Nxlarge`` have 4N), ``gpus`` its GPUs, ``instances`` one each.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,16 +43,99 @@ from ..errors import CatalogError
 
 _FIELDS = ("provider", "region", "instance_type", "gpu", "market")
 _SETS = ("instances", "interruptions_per_hour", "recovery_hours")
+_UNITS = ("vcpus", "gpus", "instances")
+FAMILIES = {"p": ("p*",), "g": ("g*", "vt*"), "dl": ("dl*",), "inf": ("inf*",),
+            "trn": ("trn*",)}
+"""AWS's instance family groups (their On-Demand and Spot vCPU quotas) as instance-type
+patterns."""
+
+
+def vcpus_of(g: GpuType) -> int:
+    """vCPUs of one instance of ``g``: AWS instance types of size ``Nxlarge`` have 4N (true of
+    every such GPU instance type in SkyPilot's AWS catalog); others are not known."""
+    m = re.fullmatch(r"[a-z0-9-]+\.(\d*)xlarge", g.instance_type or "")
+    if g.provider == "aws" and m:
+        return 4 * int(m.group(1) or 1)
+    msg = (f"quota limits: the vCPUs of {g.name} are not known (only AWS instance types of "
+           "size Nxlarge); limit it by gpus or instances instead")
+    raise CatalogError(msg)
+
+
+def _limits(catalog: Catalog, entries: Any) -> dict[str, tuple[str, float, float, str]]:
+    """Row name -> (pool name, units per instance, pool limit, words) for the rows the
+    ``limits:`` entries cover (the first matching entry wins; one pool per region)."""
+    if not isinstance(entries, list):
+        msg = f"quota.limits: expected a list of entries, got {entries!r}"
+        raise CatalogError(msg)
+    rules = []
+    for i, e in enumerate(entries):
+        where = f"quota.limits[{i}]"
+        e = v.mapping(where, e, err=CatalogError)
+        v.known_keys(where, e, (*_FIELDS, "family", *_UNITS), (), err=CatalogError)
+        units = [u for u in _UNITS if u in e]
+        if len(units) != 1:
+            msg = f"{where}: expected exactly one of {', '.join(_UNITS)}, got {e!r}"
+            raise CatalogError(msg)
+        unit = units[0]
+        cap = v.integer(f"{where}.{unit}", e[unit], minimum=0, maximum=1 << 40,
+                        err=CatalogError)
+        pats = {f: v.string(f"{where}.{f}", e[f], err=CatalogError) for f in _FIELDS if f in e}
+        family = None
+        if "family" in e:
+            family = v.choice(f"{where}.family", e["family"], tuple(FAMILIES),
+                              err=CatalogError)
+        rules.append((i, pats, family, unit, cap))
+    out: dict[str, tuple[str, float, float, str]] = {}
+    used = set()
+    for g in catalog.gpus:
+        values = {"provider": g.provider or "", "region": g.region or "",
+                  "instance_type": g.instance_type or g.name, "gpu": g.model,
+                  "market": g.market}
+        for i, pats, family, unit, cap in rules:
+            if not all(fnmatch.fnmatchcase(values[f], p) for f, p in pats.items()):
+                continue
+            if family is not None and not any(fnmatch.fnmatchcase(values["instance_type"], p)
+                                              for p in FAMILIES[family]):
+                continue
+            per = (vcpus_of(g) if unit == "vcpus" else g.gpus_per_node if unit == "gpus"
+                   else 1)
+            what = ", ".join([f"{f} {p}" for f, p in pats.items()]
+                             + ([f"family {family.upper()}"] if family else []))
+            pool = f"limits[{i}] {g.provider or 'local'}/{g.region or '-'}"
+            out[g.name] = (pool, float(per), float(cap),
+                           f"quota file limit {i + 1} ({what}: {cap} {unit} in "
+                           f"{g.region or 'its location'}, shared)")
+            used.add(i)
+            break
+    unused = [i for i, *_ in rules if i not in used]
+    if unused:
+        msg = (f"quota.limits[{unused[0]}] matches no offer of the catalog "
+               f"({entries[unused[0]]!r}); check the provider, region, family and GPU")
+        raise CatalogError(msg)
+    return out
 
 
 def _set_instances(g: GpuType, n: int, why: str) -> GpuType:
     return replace(g, count=n * g.gpus_per_node, availability=why)
 
 
+def _pooled(g: GpuType, pool: str, per: float, cap: float, words: str) -> GpuType:
+    """Row ``g`` under a shared limit. An assumed count gives way to the limit (the most
+    instances it allows alone); a count a quota entry or ``--max-instances`` set stays, and
+    both bind."""
+    assumed = g.availability is not None and g.availability.startswith("assumed:")
+    if assumed:
+        alone = min(int(cap // per), 1 << 30) if per > 0 else g.instances
+        g = replace(g, count=alone * g.gpus_per_node)
+    elif g.availability:
+        words += f"; {g.availability}"
+    return replace(g, pool=pool, pool_units=per, pool_limit=cap, availability=words)
+
+
 def apply_quota(catalog: Catalog, quota: Any) -> Catalog:
     """The catalog with each offer's instances set by the quota (a mapping as above)."""
     data = v.mapping("quota", quota, err=CatalogError)
-    v.known_keys("quota", data, ("quotas", "default"), (), err=CatalogError)
+    v.known_keys("quota", data, ("quotas", "limits", "default"), (), err=CatalogError)
     entries = data.get("quotas", [])
     if not isinstance(entries, list):
         msg = f"quota.quotas: expected a list of entries, got {entries!r}"
@@ -90,6 +188,9 @@ def apply_quota(catalog: Catalog, quota: Any) -> Catalog:
         msg = (f"quota.quotas[{unused[0]}] matches no offer of the catalog "
                f"({entries[unused[0]]!r}); check the provider, region and instance type")
         raise CatalogError(msg)
+    if "limits" in data:
+        pools = _limits(Catalog(gpus=tuple(rows), notes=catalog.notes), data["limits"])
+        rows = [g if g.name not in pools else _pooled(g, *pools[g.name]) for g in rows]
     notes = [*without_stale_assumption(catalog.notes, rows),
              "availability from a quota file" + (f" (default {default} instances)"
                                                  if default is not None else

@@ -39,6 +39,9 @@ _NEEDED = ("InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "Regi
 DEFAULT_GPUS_PER_OFFER = 32
 """Availability assumed when no quota is given: as many whole instances as hold 32 GPUs
 (at least one)."""
+MARKETPLACES = ("vast",)
+"""Providers whose rows are single hosts listed by their owners: an offer has as many
+instances as the file lists hosts of it in its region, not the assumed 32 GPUs."""
 
 
 @dataclass
@@ -66,10 +69,14 @@ class _Group:
     price: float
     spot: float | None = None
     zones: set[str] = field(default_factory=set)
+    hosts: int = 0
+    """Rows of it at the lowest price (a marketplace's hosts at that price)."""
 
     def add(self, price: float, spot: float | None, zone: str) -> None:
         if price < self.price:
-            self.price, self.zones = price, set()
+            self.price, self.zones, self.hosts = price, set(), 0
+        if price == self.price:
+            self.hosts += 1
         if price == self.price and zone:
             self.zones.add(zone)
         if spot is not None and (self.spot is None or spot < self.spot):
@@ -113,6 +120,8 @@ def _memory_mib(info: str | None) -> float | None:
 def _model(specs: SpecTable, acc: str, instance_type: str,
            mem_mib: float | None) -> GpuSpec | None:
     name = acc.strip()
+    if name.upper() == "H100" and "nvl" in instance_type.lower():
+        return None  # the H100 NVL (94 GB, PCIe): no spec in the table, not the SXM's
     if (name.upper() == "A100" and mem_mib is not None and mem_mib >= 70_000
             and "A100-80GB" in specs):
         return specs["A100-80GB"]
@@ -218,6 +227,8 @@ def read_skypilot(paths: Sequence[str | Path], *, specs: SpecTable | None = None
                 continue
             price = _float(r.get("Price"))
             spot = _float(r.get("SpotPrice"))
+            if spot is not None and spot <= 0:
+                spot = None  # (marketplaces write 0.00 where they have no spot price)
             if not price or price <= 0:
                 out.skip("no on-demand price", where)
                 continue
@@ -241,8 +252,12 @@ def read_skypilot(paths: Sequence[str | Path], *, specs: SpecTable | None = None
                 continue
             grp.add(price, spot, zone)
     for (provider, region, it), grp in sorted(groups.items()):
+        market = provider in MARKETPLACES
         out.offers.append(Offer(
             provider=provider, region=region, instance_type=it, gpu=grp.gpu,
             gpus_per_instance=grp.n, price_per_hour=grp.price, spot_price_per_hour=grp.spot,
-            instances=max(1, gpus_per_offer // grp.n), zones=tuple(sorted(grp.zones))))
+            instances=grp.hosts if market else max(1, gpus_per_offer // grp.n),
+            zones=tuple(sorted(grp.zones)),
+            availability=(f"marketplace: {grp.hosts} host{'s' if grp.hosts > 1 else ''} "
+                          f"listed at this price" if market else None)))
     return out

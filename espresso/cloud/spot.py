@@ -34,7 +34,9 @@ def spot_row(g: GpuType, *, rate: float | None = None,
     if g.spot_price_per_hour is None:
         msg = f"gpu {g.name!r}: no spot_price_per_hour, so no spot row can be made"
         raise CatalogError(msg)
+    # (spot capacity is a separate pool: an on-demand row's shared limit is not the spot one's)
     return replace(g, name=g.name + SPOT_SUFFIX, gpu=g.model, market="spot",
+                   pool=None, pool_units=None, pool_limit=None,
                    price_per_hour=g.spot_price_per_hour, spot_price_per_hour=None,
                    interruptions_per_hour=g.interruptions_per_hour if rate is None else rate,
                    recovery_hours=g.recovery_hours if recovery_hours is None else recovery_hours)
