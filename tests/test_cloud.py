@@ -479,5 +479,5 @@ def test_aliases_differing_in_case_name_one_gpu() -> None:
     assert [s.name for s in table.by_alias("L40s")] == ["L40S"]
     assert [s.name for s in table.by_alias("l40S")] == ["L40S"]
     for alias, name in (("RTX3090", "RTX-3090"), ("A30", "A30"), ("A40", "A40"),
-                        ("RTXA4000", "RTX-A4000")):
+                        ("RTXA4000", "RTX-A4000"), ("L40", "L40")):
         assert [s.name for s in table.by_alias(alias)] == [name]
