@@ -102,6 +102,9 @@ class GpuType:
     """What set ``count``: a quota file's entry, ``--max-instances``, the catalog's stated
     assumption (:data:`ASSUMED`); ``None``: the catalog gives it. Each rented offer's is in
     the plan's rent list."""
+    vcpus: int | None = None
+    """vCPUs of one instance (quota limits in vCPUs); ``None``: not known (AWS instance
+    types of size ``Nxlarge`` have 4N)."""
     pool: str | None = None
     """A limit this row shares with others (a cloud quota: AWS's vCPUs per instance family
     and region, GCP's GPUs per model and region): its name, the same on every row it covers
@@ -167,6 +170,9 @@ class GpuType:
         else:
             set_(self, "fp8_tflops", v.number(f"{where}: fp8_tflops", self.fp8_tflops,
                                               minimum=0, maximum=1e6, err=err))
+        if self.vcpus is not None:
+            set_(self, "vcpus", v.integer(f"{where}: vcpus", self.vcpus, minimum=1,
+                                          maximum=1 << 20, err=err))
         pooled = [f for f in ("pool", "pool_units", "pool_limit") if getattr(self, f) is not None]
         if pooled and len(pooled) != 3:
             msg = (f"{where}: pool, pool_units and pool_limit go together; got only "

@@ -133,3 +133,24 @@ def test_a_saved_catalog_keeps_its_limits_and_rules(tmp_path: Path) -> None:
     p5 = again["aws/us-east-1/p5.48xlarge"]
     assert p5.instances == 3 and p5.pool_limit == 384 and "quota file entry 1" in str(
         p5.availability)
+
+
+def test_vcpu_limits_read_the_catalogs_own_vcpus(tmp_path: Path) -> None:
+    """Azure and the GPU clouds count vCPUs too: a SkyPilot file's vCPUs column gives each
+    instance's (Nebius's 8 x H100 instance has 128), kept when the catalog is saved."""
+    from test_providers import NEBIUS
+
+    path = tmp_path / "nebius_vms.csv"
+    path.write_text(NEBIUS)
+    cat = es.Catalog.from_skypilot([path])
+    h100 = cat["nebius/eu-north1/gpu-h100-sxm_8gpu-128vcpu-1600gb"]
+    assert h100.vcpus == 128 and vcpus_of(h100) == 128
+    lim = apply_quota(cat, {"limits": [{"provider": "nebius", "vcpus": 256}]})
+    assert lim["nebius/eu-north1/gpu-h100-sxm_8gpu-128vcpu-1600gb"].instances == 2
+    assert lim["nebius/eu-north1/gpu-l40s-d_4gpu-128vcpu-768gb"].pool_units == 128
+    saved = tmp_path / "c.yaml"
+    lim.save(saved)
+    assert es.Catalog.load(saved)["nebius/eu-north1/gpu-h100-sxm_8gpu-128vcpu-1600gb"].vcpus == 128
+    bare = replace(h100, vcpus=None)
+    with pytest.raises(es.CatalogError, match=r"vCPUs of .* are not known"):
+        vcpus_of(bare)

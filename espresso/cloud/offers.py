@@ -53,6 +53,8 @@ class Offer:
     """Hours to replace a reclaimed instance (spot; default: the provider's)."""
     availability: str | None = None
     """What set ``instances`` (a quota's entry, ``--max-instances``; GpuType.availability)."""
+    vcpus: int | None = None
+    """vCPUs of one instance (for quota limits in vCPUs; SkyPilot's vCPUs column)."""
     pool: str | None = None
     """A limit shared with other offers, with ``pool_units`` per instance and ``pool_limit``
     in all (GpuType.pool; docs/catalog.md, "Shared limits")."""
@@ -140,6 +142,7 @@ class Offer:
             zones=self.zones, instance_type=self.instance_type, network_source=net_src,
             market=self.market, interruptions_per_hour=self.interruptions_per_hour,
             recovery_hours=self.recovery_hours, availability=self.availability,
+            vcpus=self.vcpus,
             pool=self.pool, pool_units=self.pool_units, pool_limit=self.pool_limit)
 
 
@@ -157,4 +160,5 @@ def offer_of(row: GpuType) -> Offer:
                  network_source=row.network_source, market=row.market,
                  interruptions_per_hour=row.interruptions_per_hour,
                  recovery_hours=row.recovery_hours, availability=row.availability,
+                 vcpus=row.vcpus,
                  pool=row.pool, pool_units=row.pool_units, pool_limit=row.pool_limit)

@@ -51,13 +51,17 @@ patterns."""
 
 
 def vcpus_of(g: GpuType) -> int:
-    """vCPUs of one instance of ``g``: AWS instance types of size ``Nxlarge`` have 4N (true of
-    every such GPU instance type in SkyPilot's AWS catalog); others are not known."""
+    """vCPUs of one instance of ``g``: the row's own figure (SkyPilot's vCPUs column), else
+    4N for an AWS instance type of size ``Nxlarge`` (true of every such GPU instance type in
+    SkyPilot's AWS catalog); otherwise not known."""
+    if g.vcpus is not None:
+        return g.vcpus
     m = re.fullmatch(r"[a-z0-9-]+\.(\d*)xlarge", g.instance_type or "")
     if g.provider == "aws" and m:
         return 4 * int(m.group(1) or 1)
-    msg = (f"quota limits: the vCPUs of {g.name} are not known (only AWS instance types of "
-           "size Nxlarge); limit it by gpus or instances instead")
+    msg = (f"quota limits: the vCPUs of {g.name} are not known (the catalog gives none, and it "
+           "is not an AWS instance type of size Nxlarge); limit it by gpus or instances, or "
+           "give the offer's vcpus")
     raise CatalogError(msg)
 
 

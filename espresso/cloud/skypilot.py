@@ -69,6 +69,8 @@ class _Group:
     price: float
     spot: float | None = None
     zones: set[str] = field(default_factory=set)
+    vcpus: int | None = None
+    """vCPUs of one instance (the file's vCPUs column; GCP's accelerator rows have none)."""
     hosts: int = 0
     """Rows of it at the lowest price (a marketplace's hosts at that price)."""
 
@@ -246,7 +248,10 @@ def read_skypilot(paths: Sequence[str | Path], *, specs: SpecTable | None = None
                 spot = (round(spot + host[1], 8) if spot is not None and host[1] is not None
                         else None)
             key = (provider, region, it)
-            grp = groups.setdefault(key, _Group(spec.name, n, price))
+            cpus = _float(r.get("vCPUs"))
+            grp = groups.setdefault(key, _Group(spec.name, n, price, vcpus=(
+                int(cpus) if cpus is not None and cpus >= 1 and cpus == int(cpus)
+                and provider != "gcp" else None)))
             if grp.gpu != spec.name or grp.n != n:
                 out.skip("instance type listed with two GPU models or counts", where)
                 continue
@@ -257,7 +262,7 @@ def read_skypilot(paths: Sequence[str | Path], *, specs: SpecTable | None = None
             provider=provider, region=region, instance_type=it, gpu=grp.gpu,
             gpus_per_instance=grp.n, price_per_hour=grp.price, spot_price_per_hour=grp.spot,
             instances=grp.hosts if market else max(1, gpus_per_offer // grp.n),
-            zones=tuple(sorted(grp.zones)),
+            zones=tuple(sorted(grp.zones)), vcpus=grp.vcpus,
             availability=(f"marketplace: {grp.hosts} host{'s' if grp.hosts > 1 else ''} "
                           f"listed at this price" if market else None)))
     return out
