@@ -43,13 +43,23 @@ lambdalabs_A100x8,A100,8.0,124.0,1800,15.92,sanjose-usa-2,"{'Gpus': [{'Name': 'A
 paperspace_A4000x4,A4000,4.0,32.0,180,3.2,newyork-usa-1,"{'Gpus': [{'Name': 'A4000', 'Manufacturer': 'NVIDIA', 'Count': 4.0, 'MemoryInfo': {'SizeInMiB': 16}, 'TotalGpuMemoryInMiB': 64}]}",
 denvr_Gaudi2x8,GAUDI2,8.0,152.0,940,8.8,houston-usa-1,"{'Gpus': [{'Name': 'GAUDI2', 'Manufacturer': 'Intel', 'Count': 8.0, 'MemoryInfo': {'SizeInMiB': 96}, 'TotalGpuMemoryInMiB': 768}]}",
 '''
+# cudo @113567a74b2f208af08e0c9236e26cc354a2bf65 (rows 1, 3, 4, 11, 12, 13: one GPU type in
+# several vCPU/memory sizes, each its own instance type)
+CUDO = '''InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,GpuInfo,SpotPrice
+ice-lake-a40-compute_1x2v4gb,A40,1.0,2,4,0.36979999999999996,ca-montreal-3,"{'Gpus': [{'Name': 'A40', 'Manufacturer': 'NVIDIA', 'Count': '1.0', 'MemoryInfo': {'SizeInMiB': 49152}}], 'TotalGpuMemoryInMiB': 49152}",
+sapphire-rapids-h100_1x2v4gb,H100-SXM,1.0,2,4,2.5354,ca-montreal-3,"{'Gpus': [{'Name': 'H100-SXM', 'Manufacturer': 'NVIDIA', 'Count': '1.0', 'MemoryInfo': {'SizeInMiB': 81920}}], 'TotalGpuMemoryInMiB': 81920}",
+epyc-genoa-a100-pcie_1x2v4gb,A100,1.0,2,4,1.5294,no-kristiansand-1,"{'Gpus': [{'Name': 'A100', 'Manufacturer': 'NVIDIA', 'Count': '1.0', 'MemoryInfo': {'SizeInMiB': 81920}}], 'TotalGpuMemoryInMiB': 81920}",
+intel-ice-lake-a800-pci_1x2v4gb,A800,1.0,2,4,0.8234,us-carlsbad-1,"{'Gpus': [{'Name': 'A800', 'Manufacturer': 'NVIDIA', 'Count': '1.0', 'MemoryInfo': {'SizeInMiB': 81920}}], 'TotalGpuMemoryInMiB': 81920}",
+intel-broadwell-v100_1x2v4gb,V100,1.0,2,4,0.21,us-newyork-1,"{'Gpus': [{'Name': 'V100', 'Manufacturer': 'NVIDIA', 'Count': '1.0', 'MemoryInfo': {'SizeInMiB': 16384}}], 'TotalGpuMemoryInMiB': 16384}",
+ice-lake-a40-compute_1x4v8gb,A40,1.0,4,8,0.38959999999999995,ca-montreal-3,"{'Gpus': [{'Name': 'A40', 'Manufacturer': 'NVIDIA', 'Count': '1.0', 'MemoryInfo': {'SizeInMiB': 49152}}], 'TotalGpuMemoryInMiB': 49152}",
+'''
 
 
 @pytest.fixture
 def files(tmp_path: Path) -> dict[str, Path]:
     out = {}
     for name, text in (("vast", VAST), ("nebius", NEBIUS), ("hyperbolic", HYPERBOLIC),
-                       ("shadeform", SHADEFORM)):
+                       ("shadeform", SHADEFORM), ("cudo", CUDO)):
         p = tmp_path / f"{name}_vms.csv"
         p.write_text(text)
         out[name] = p
@@ -97,11 +107,25 @@ def test_gpu_clouds_read_with_their_quirks(files: dict[str, Path]) -> None:
     assert any("GAUDI2" in n for n in cat.notes)  # skipped, and said
 
 
+def test_cudo_sizes_are_offers_of_their_own(files: dict[str, Path]) -> None:
+    cat = es.Catalog.from_skypilot([files["cudo"]])
+    a40 = [g for g in cat if g.model == "A40"]
+    assert sorted(g.instance_type for g in a40) == ["ice-lake-a40-compute_1x2v4gb",
+                                                    "ice-lake-a40-compute_1x4v8gb"]
+    assert [g.vcpus for g in sorted(a40, key=lambda g: g.vcpus or 0)] == [2, 4]
+    assert cat["cudo/ca-montreal-3/sapphire-rapids-h100_1x2v4gb"].model == "H100-SXM"
+    assert cat["cudo/no-kristiansand-1/epyc-genoa-a100-pcie_1x2v4gb"].model == "A100-80GB"
+    v100 = cat["cudo/us-newyork-1/intel-broadwell-v100_1x2v4gb"]
+    assert v100.model == "V100-16GB" and not v100.bf16
+    assert any("A800" in n for n in cat.notes)  # no spec: skipped, and said
+
+
 def test_a_plan_over_the_new_providers(files: dict[str, Path]) -> None:
     cat = es.Catalog.from_skypilot(list(files.values()))
     job = es.Job(model=es.ModelSpec.preset("llama2-7b"), tokens=5e9, deadline_hours=24 * 14)
     plan = es.plan(job, cat, time_limit_s=60)
     assert plan.stats and plan.stats["complete"]
     assert plan.estimate is not None and plan.estimate.meets_deadline
-    # The cheapest H100-hour in these rows is Hyperbolic's ($1.29): the plan rents it.
+    # The cheapest H100-hour in these rows is Hyperbolic's ($1.29): the plan rents it (an A40
+    # at $0.37 is cheaper per hour but not per FLOP at this deadline).
     assert [r["provider"] for r in plan.estimate.rent] == ["hyperbolic"]
