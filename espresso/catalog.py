@@ -213,15 +213,17 @@ class Catalog:
             if not isinstance(offers, list):
                 msg = f"catalog.offers: expected a list of offers, got {offers!r}"
                 raise CatalogError(msg)
-            rows.extend(Offer.from_dict(o).resolve(specs, network_gbs=network_gbs)
+            # Offers of a catalog whose notes say their availability is assumed state it.
+            notes = data.get("notes", [])
+            assumed = isinstance(notes, list) and any(str(n).startswith(ASSUMPTION_NOTE)
+                                                      for n in notes)
+            rows.extend(Offer.from_dict(o).resolve(specs, network_gbs=network_gbs,
+                                                   availability=ASSUMED if assumed else None)
                         for o in offers)
         notes = data.get("notes", [])
         if not isinstance(notes, list):
             msg = f"catalog.notes: expected a list of strings, got {notes!r}"
             raise CatalogError(msg)
-        if any(str(n).startswith(ASSUMPTION_NOTE) for n in notes):
-            rows = [g if g.availability is not None or not g.provider
-                    else replace(g, availability=ASSUMED) for g in rows]
         return cls(gpus=tuple(rows), notes=(*(str(n) for n in notes), *_network_notes(rows)))
 
     @classmethod
@@ -251,8 +253,8 @@ class Catalog:
                  f"{ASSUMPTION_NOTE}: {per} GPUs per offer (whole instances); "
                  "give your quotas with --quota or --max-instances",
                  *read.summary())
-        rows = [replace(o.resolve(specs, network_gbs=network_gbs),
-                        availability=o.availability or ASSUMED.replace("32", str(per)))
+        rows = [o.resolve(specs, network_gbs=network_gbs,
+                          availability=ASSUMED.replace("32", str(per)))
                 for o in read.offers]
         return cls(gpus=tuple(rows), notes=(*notes, *_network_notes(rows)))
 

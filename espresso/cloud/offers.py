@@ -103,12 +103,14 @@ class Offer:
             out["market"] = None
         return {k: val for k, val in out.items() if val is not None and val != []}
 
-    def resolve(self, specs: SpecTable, *, network_gbs: float | None = None) -> GpuType:
+    def resolve(self, specs: SpecTable, *, network_gbs: float | None = None,
+                availability: str | None = None) -> GpuType:
         """The catalog row: this offer joined with its GPU's spec. Its network between
         instances: the offer's own ``network_gbs``, else the instance family's published
         figure, else ``network_gbs`` (GB/s per GPU, the user's assumption), else the default
         for its provider class and GPU count (:func:`espresso.cloud.networks.default_network`);
-        the last two are marked as assumptions in the row's ``network_source``."""
+        the last two are marked as assumptions in the row's ``network_source``.
+        ``availability``: the row's when the offer states none (the catalog's assumption)."""
         where = f"offer {self.key}"
         try:
             spec = specs[self.gpu]
@@ -141,7 +143,7 @@ class Offer:
             provider=self.provider, region=self.region,
             zones=self.zones, instance_type=self.instance_type, network_source=net_src,
             market=self.market, interruptions_per_hour=self.interruptions_per_hour,
-            recovery_hours=self.recovery_hours, availability=self.availability,
+            recovery_hours=self.recovery_hours, availability=self.availability or availability,
             vcpus=self.vcpus,
             pool=self.pool, pool_units=self.pool_units, pool_limit=self.pool_limit)
 
