@@ -207,6 +207,10 @@ class Catalog:
             msg = f"catalog.gpus: expected a list of GPU types, got {entries!r}"
             raise CatalogError(msg)
         rows.extend(GpuType.from_dict(e) for e in entries)
+        notes = data.get("notes", [])
+        if not isinstance(notes, list):
+            msg = f"catalog.notes: expected a list of strings, got {notes!r}"
+            raise CatalogError(msg)
         if "offers" in data or "specs" in data:
             specs = SpecTable.from_list(data.get("specs", []), base=SpecTable.builtin())
             offers = data.get("offers", [])
@@ -214,16 +218,10 @@ class Catalog:
                 msg = f"catalog.offers: expected a list of offers, got {offers!r}"
                 raise CatalogError(msg)
             # Offers of a catalog whose notes say their availability is assumed state it.
-            notes = data.get("notes", [])
-            assumed = isinstance(notes, list) and any(str(n).startswith(ASSUMPTION_NOTE)
-                                                      for n in notes)
+            assumed = any(str(n).startswith(ASSUMPTION_NOTE) for n in notes)
             rows.extend(Offer.from_dict(o).resolve(specs, network_gbs=network_gbs,
                                                    availability=ASSUMED if assumed else None)
                         for o in offers)
-        notes = data.get("notes", [])
-        if not isinstance(notes, list):
-            msg = f"catalog.notes: expected a list of strings, got {notes!r}"
-            raise CatalogError(msg)
         return cls(gpus=tuple(rows), notes=(*(str(n) for n in notes), *_network_notes(rows)))
 
     @classmethod

@@ -4,14 +4,12 @@ exactly, and plans and estimates say how much of each they use."""
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from _bruteforce import brute_force
-from test_search import COST, random_instance, search_cost
+from test_search import assert_search_equals_brute_force, random_instance, search_cost
 
 import espresso as es
 from espresso.cloud.quota import apply_quota, vcpus_of
@@ -19,8 +17,8 @@ from espresso.cloud.quota import apply_quota, vcpus_of
 JOB = es.Job(model=es.ModelSpec.preset("llama2-13b"), tokens=2e11, deadline_hours=24 * 14)
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_search_with_shared_limits_equals_brute_force(seed: int) -> None:
+def pooled_instance(seed: int) -> tuple[es.Job, es.Catalog, es.Catalog]:
+    """test_search's random instance, and the same with a random limit over 2+ of its rows."""
     rng = random.Random(500 + seed)
     job, catalog = random_instance(seed, 2)
     rows = list(catalog.gpus)
@@ -29,14 +27,13 @@ def test_search_with_shared_limits_equals_brute_force(seed: int) -> None:
     limit = float(rng.randint(1, 6))
     for i in members:
         rows[i] = replace(rows[i], pool="p", pool_units=units[i], pool_limit=limit)
-    pooled = es.Catalog(gpus=tuple(rows))
-    expected, plan, _ = brute_force(job, pooled, micro_batch_sizes=(1, 2), max_stages=2,
-                                    max_tp=2, cost_model=COST)
-    got = search_cost(job, pooled, 2)
-    if math.isinf(expected):
-        assert math.isinf(got)
-    else:
-        assert got == pytest.approx(expected, rel=1e-9), plan
+    return job, catalog, es.Catalog(gpus=tuple(rows))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_search_with_shared_limits_equals_brute_force(seed: int) -> None:
+    job, catalog, pooled = pooled_instance(seed)
+    got = assert_search_equals_brute_force(job, pooled)
     # A limit only takes plans away.
     assert got >= search_cost(job, catalog, 2) * (1 - 1e-9)
 
@@ -106,16 +103,8 @@ def test_bad_limits_are_refused_with_their_field(tmp_path: Path) -> None:
 def test_the_random_limits_bind_often_enough_to_test_something() -> None:
     binding = 0
     for seed in range(40):
-        rng = random.Random(500 + seed)
-        job, catalog = random_instance(seed, 2)
-        rows = list(catalog.gpus)
-        members = rng.sample(range(len(rows)), rng.randint(2, len(rows)))
-        units = {i: rng.choice([1.0, 2.0, 3.0]) for i in members}
-        limit = float(rng.randint(1, 6))
-        for i in members:
-            rows[i] = replace(rows[i], pool="p", pool_units=units[i], pool_limit=limit)
-        binding += search_cost(job, es.Catalog(gpus=tuple(rows)), 2) > search_cost(
-            job, catalog, 2) * (1 + 1e-9)
+        job, catalog, pooled = pooled_instance(seed)
+        binding += search_cost(job, pooled, 2) > search_cost(job, catalog, 2) * (1 + 1e-9)
     assert binding >= 5, binding
 
 

@@ -4,15 +4,13 @@ bf16 tensor cores, fp16 jobs (loss-scaled mixed precision) on any, costed as bf1
 from __future__ import annotations
 
 import json
-import math
 import random
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from _bruteforce import brute_force
-from test_search import COST, random_instance, search_cost
+from test_search import assert_search_equals_brute_force, random_instance, search_cost
 
 import espresso as es
 from espresso.cli import main
@@ -138,10 +136,4 @@ def test_search_with_gpus_without_bf16_equals_brute_force(seed: int) -> None:
         with pytest.raises(es.JobError, match="fp16"):
             search_cost(job, catalog, 2)
         return
-    expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=2,
-                                    max_tp=2, cost_model=COST)
-    got = search_cost(job, catalog, 2)
-    if math.isinf(expected):
-        assert math.isinf(got)
-    else:
-        assert got == pytest.approx(expected, rel=1e-9), plan
+    assert_search_equals_brute_force(job, catalog)

@@ -72,6 +72,19 @@ def search_cost(job: es.Job, catalog: es.Catalog, max_stages: int, **kw: object)
     return r.plans[0].estimate.total_usd if r.plans else math.inf  # type: ignore[union-attr]
 
 
+def assert_search_equals_brute_force(job: es.Job, catalog: es.Catalog,
+                                     max_stages: int = 2) -> float:
+    """The search's optimum is the brute force's (both infinite when nothing fits); returns it."""
+    expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2),
+                                    max_stages=max_stages, max_tp=2, cost_model=COST)
+    got = search_cost(job, catalog, max_stages)
+    if math.isinf(expected):
+        assert math.isinf(got)
+    else:
+        assert got == pytest.approx(expected, rel=1e-9), plan
+    return got
+
+
 CASES = [(seed, 2) for seed in range(150)] + [(1000 + seed, 3) for seed in range(50)]
 
 
