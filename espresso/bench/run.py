@@ -414,6 +414,12 @@ def _run_pool(todo: list[Task], jobs: int,
         pool.shutdown(wait=False, cancel_futures=True)
         for w in workers:
             w.terminate()
+        # Wait for the pool's manager thread to close its wake-up pipe: otherwise the
+        # interpreter's exit hook may write to that pipe while the thread closes it
+        # ("Bad file descriptor" printed after the run's own summary).
+        manager = getattr(pool, "_executor_manager_thread", None)
+        if manager is not None and manager is not threading.current_thread():
+            manager.join(timeout=10)
         raise
     pool.shutdown(wait=True)
 
