@@ -49,6 +49,11 @@ def _network_arg(gbs: float | None) -> float | None:
                     maximum=1e6, err=CatalogError)
 
 
+NETWORK_NOTE = "network assumed for"
+"""How a catalog note about assumed networks begins (a plan states its own instead: the
+"Network of X" line under its rent list, only for what it rents)."""
+
+
 def _network_notes(rows: Sequence[GpuType]) -> list[str]:
     """What a catalog assumes of networks without a published figure: one note per
     assumption, with the instance types it covers (at most five named)."""
@@ -64,7 +69,7 @@ def _network_notes(rows: Sequence[GpuType]) -> list[str]:
     out = []
     for label, types in by.items():
         named = ", ".join(types[:5]) + (", ..." if len(types) > 5 else "")
-        out.append(f"network assumed for {len(types)} instance type"
+        out.append(f"{NETWORK_NOTE} {len(types)} instance type"
                    f"{'s' if len(types) > 1 else ''} without a published figure ({named}): "
                    f"{label}")
     return out
@@ -196,8 +201,12 @@ class Catalog:
         published figure (default: the provider class's, docs/catalog.md)."""
         network_gbs = _network_arg(network_gbs)
         data = v.mapping("catalog", data, err=CatalogError)
-        v.known_keys("catalog", data, ["gpus", "offers", "specs", "notes"], [],
+        v.known_keys("catalog", data, ["gpus", "offers", "specs", "notes", "skipped"], [],
                      err=CatalogError)
+        skipped = data.get("skipped", [])  # a snapshot's build report (what it left out)
+        if not isinstance(skipped, list) or not all(isinstance(x, str) for x in skipped):
+            msg = f"catalog.skipped: expected a list of strings, got {skipped!r}"
+            raise CatalogError(msg)
         if "gpus" not in data and "offers" not in data:
             msg = "catalog: expected `gpus` (GPU types) or `offers` (cloud offers), got neither"
             raise CatalogError(msg)
@@ -222,7 +231,9 @@ class Catalog:
             rows.extend(Offer.from_dict(o).resolve(specs, network_gbs=network_gbs,
                                                    availability=ASSUMED if assumed else None)
                         for o in offers)
-        return cls(gpus=tuple(rows), notes=(*(str(n) for n in notes), *_network_notes(rows)))
+        given = tuple(str(n) for n in notes)  # (a saved catalog has its network notes)
+        return cls(gpus=tuple(rows),
+                   notes=(*given, *(n for n in _network_notes(rows) if n not in given)))
 
     @classmethod
     def from_skypilot(cls, paths: str | Path | Sequence[str | Path], *,
@@ -334,6 +345,5 @@ BUILTINS = {"cloud": "offers.json", "gpus": "catalog.yaml"}
 def _builtin(file: str) -> Catalog:
     text = resources.files("espresso").joinpath(f"data/{file}").read_text()
     data = json.loads(text) if file.endswith(".json") else yaml.safe_load(text)
-    data.pop("skipped", None)  # the snapshot's build report
     assert isinstance(data, Mapping)
     return Catalog.from_dict(data)

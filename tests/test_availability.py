@@ -4,6 +4,7 @@ contradicted (issue 30, item 4, first part)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,14 +26,22 @@ def offers(*items: tuple[str, str, int, float, int]) -> es.Catalog:
 
 def test_the_snapshot_states_its_assumption_per_offer_and_the_plan_carries_it() -> None:
     cat = es.Catalog.builtin()
-    assert all(g.availability == ASSUMED for g in cat)
-    plan = es.plan(JOB, cat)
-    assert plan.estimate is not None
-    rent = plan.estimate.rent[0]
-    assert rent["availability"] == ASSUMED
-    assert rent["available"] == cat[rent["offer"]].instances >= rent["instances"]
-    again = es.Plan.from_dict(json.loads(plan.to_json()))
-    assert again.estimate is not None and again.estimate.rent[0]["availability"] == ASSUMED
+    # Every offer says its rule: the assumption, or a marketplace's listed hosts.
+    assert all(g.availability == ASSUMED for g in cat if g.provider != "vast")
+    assert all(str(g.availability).startswith("marketplace: ") for g in cat
+               if g.provider == "vast")
+    rules = set()
+    for job in (JOB, replace(JOB, deadline_hours=72)):  # a Vast host; an assumed offer
+        plan = es.plan(job, cat)
+        assert plan.estimate is not None
+        rent = plan.estimate.rent[0]
+        assert rent["availability"] == cat[rent["offer"]].availability
+        assert rent["available"] == cat[rent["offer"]].instances >= rent["instances"]
+        again = es.Plan.from_dict(json.loads(plan.to_json()))
+        assert again.estimate is not None
+        assert again.estimate.rent[0]["availability"] == rent["availability"]
+        rules.add(rent["availability"].split(" ")[0])
+    assert rules == {"marketplace:", ASSUMED.split(" ")[0]}
     # A catalog the user writes gives its own counts: no rule to state.
     own = offers(("us-east-1", "p5.48xlarge", 8, 55.04, 3))
     assert own.gpus[0].availability is None
@@ -50,7 +59,9 @@ def test_a_quota_entry_names_itself_and_unmatched_offers_keep_theirs() -> None:
                       "quota file entry 1 (provider aws, instance_type p5.48xlarge: "
                       "2 instances each)" for g in p5)
     others = [g for g in some if g.instance_type != "p5.48xlarge"]
-    assert others and all(g.availability == ASSUMED for g in others)
+    assert others and all(g.availability == ASSUMED for g in others if g.provider != "vast")
+    assert all(str(g.availability).startswith("marketplace") for g in others
+               if g.provider == "vast")
     # Some offers are still assumed: the note stays, and says the rest keep theirs.
     assert any(n.startswith("availability is an assumption") for n in some.notes)
     assert any("offers no entry matches keep their own" in n for n in some.notes)
@@ -78,7 +89,7 @@ def test_max_instances_replaces_the_assumption_it_lowers() -> None:
 
 def test_cli_prints_the_rule_and_no_contradiction(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["plan", "--model", "llama2-7b", "--tokens", "2e10", "--deadline", "7d",
+    rc = main(["plan", "--model", "llama2-7b", "--tokens", "2e10", "--deadline", "3d",
                "--max-instances", "1"])
     out = " ".join(capsys.readouterr().out.split())
     assert rc == 0

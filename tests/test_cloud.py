@@ -82,6 +82,27 @@ def test_skypilot_rows_become_offers(sky: dict[str, Path]) -> None:
     assert "GCP accelerator without a fixed host machine type" in skipped  # T4 on n1
 
 
+def test_gcp_l4_is_priced_with_its_g2_host(tmp_path: Path) -> None:
+    """L4 rows (verbatim from the shared GCP file) become g2 offers, priced with the host
+    VM from espresso/data/gcp_hosts.csv when the file has no host rows (issue 30)."""
+    f = tmp_path / "gcp_vms.csv"
+    f.write_text(
+        "InstanceType,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,GpuInfo,Region,"
+        "AvailabilityZone,Price,SpotPrice\n"
+        ",,,L4,1,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 24576}}]},us-central1,us-central1-a,"
+        "0.56004,0.2231\n"
+        ",,,L4,8,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 24576}}]},us-central1,us-central1-a,"
+        "4.48032,1.7848\n")
+    by_key = {o.key: o for o in read_skypilot([f]).offers}
+    one, eight = by_key["gcp/us-central1/g2-standard-4"], by_key["gcp/us-central1/g2-standard-96"]
+    # g2-standard-4 in us-central1: $0.14679 (spot 0.05874); g2-standard-96: $3.52301 (1.40966).
+    assert (one.gpu, one.gpus_per_instance) == ("L4", 1)
+    assert one.price_per_hour == pytest.approx(0.56004 + 0.14679)
+    assert one.spot_price_per_hour == pytest.approx(0.2231 + 0.05874)
+    assert eight.gpus_per_instance == 8
+    assert eight.price_per_hour == pytest.approx(4.48032 + 3.52301)
+
+
 def test_skypilot_filters_and_errors(sky: dict[str, Path], tmp_path: Path) -> None:
     cat = es.Catalog.from_skypilot([sky["aws"]], regions=["eu-*"])
     assert [g.name for g in cat] == ["aws/eu-west-1/g6.xlarge"]
@@ -130,7 +151,13 @@ def test_offer_catalog_round_trip(sky: dict[str, Path], tmp_path: Path) -> None:
 def test_builtin_snapshot() -> None:
     cat = es.Catalog.builtin()
     assert len(cat) > 500 and cat.has_offers
-    assert {g.provider for g in cat} == {"aws", "gcp", "lambda"}
+    assert {g.provider for g in cat} == {"aws", "gcp", "lambda", "vast", "shadeform", "nebius",
+                                         "cudo", "hyperbolic"}
+    # GPUs without bf16 are offers (for fp16 jobs); a marketplace's offers are its hosts;
+    # GCP's L4 comes with its g2 host.
+    assert {g.model for g in cat if not g.bf16} >= {"V100-16GB", "T4"}
+    assert all(g.availability.startswith("marketplace") for g in cat if g.provider == "vast")
+    assert cat["gcp/us-central1/g2-standard-4"].price_per_hour == pytest.approx(0.70683)
     assert all(g.count % g.gpus_per_node == 0 and g.inter_node_gbs > 0 for g in cat)
     assert any("snapshot" in n for n in cat.notes)
     p5 = cat["aws/us-east-1/p5.48xlarge"]

@@ -92,7 +92,7 @@ def test_bad_limits_are_refused_with_their_field(tmp_path: Path) -> None:
             ({"provider": "aws", "family": "Q", "vcpus": 8}, "family"),
             ({"provider": "aws", "vcpus": -1}, r"limits\[0\]\.vcpus"),
             ({"provider": "nowhere", "gpus": 8}, "matches no offer"),
-            ({"provider": "lambda", "vcpus": 8}, "vCPUs of .* are not known")):
+            ({"provider": "gcp", "vcpus": 8}, "vCPUs of .* are not known")):
         with pytest.raises(es.CatalogError, match=words):
             apply_quota(cat, {"limits": [bad]})
     row = cat.gpus[0]

@@ -15,8 +15,9 @@ from espresso.cloud.spot import with_spot
 
 
 def offer(region: str, price_per_gpu: float, *, gpu: str = "L4", n: int = 8,
-          spot: float | None = None) -> dict[str, object]:
-    out: dict[str, object] = {"provider": "aws", "region": region, "instance_type": "g6.48xlarge",
+          spot: float | None = None, provider: str = "aws") -> dict[str, object]:
+    out: dict[str, object] = {"provider": provider, "region": region,
+                              "instance_type": "g6.48xlarge",
                               "gpu": gpu, "gpus_per_instance": n,
                               "price_per_hour": price_per_gpu * n, "instances": 4}
     if spot is not None:
@@ -37,6 +38,21 @@ def test_an_offer_under_a_third_of_its_peers_median_is_flagged() -> None:
     assert set(notes) == {"aws/cheap/g6.48xlarge"}
     note = notes["aws/cheap/g6.48xlarge"]
     assert "$0.30/GPU-h is 0.27x the median ($1.10) of 4 other L4 on-demand offers" in note
+
+
+def test_one_provider_in_many_regions_does_not_outvote_the_others() -> None:
+    """The typical price is the lower median of the providers' medians: a GPU cloud selling at
+    a fifth of a hyperscaler's price in thirty regions is not an outlier for that."""
+    aws = [offer(f"r{i}", 3.0) for i in range(30)]
+    cat = catalog(*aws, offer("a", 0.6, provider="lambda"), offer("b", 0.5, provider="cudo"),
+                  offer("c", 0.1, provider="vast"))
+    notes = price_notes(cat)
+    # cudo: others' medians 3.0 (aws), 0.6 (lambda), 0.1 (vast) -> 0.6; 0.5 is 0.83x.
+    # vast: 3.0, 0.6, 0.5 -> 0.6; 0.1 is 0.17x. Against the plain median of the 32 other
+    # offers (3.0) the cudo and lambda rows would be flagged too.
+    assert set(notes) == {"vast/c/g6.48xlarge"}
+    assert ("0.17x the typical price ($0.60: the median of 3 providers' medians) of 32 other "
+            "L4 on-demand offers") in notes["vast/c/g6.48xlarge"]
 
 
 def test_too_few_peers_say_nothing() -> None:

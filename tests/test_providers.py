@@ -12,7 +12,7 @@ import pytest
 import espresso as es
 from espresso.cloud.skypilot import read_skypilot
 
-# vast @01b8cdda287814b30ff0acb49746cca19fbd4355 (rows 1, 6, 9-11, 29-31, 46-48; 'SpotPrice' 0.00)
+# vast @01b8cdda287814b30ff0acb49746cca19fbd4355 (rows 1, 6, 9-11, 29-31, 46-48, and 63, an RTX 3060; 'SpotPrice' 0.00)
 VAST = '''InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region
 1x-H200-32-65536,H200,1,32,64.0,"{'Gpus': [{'Name': 'H200', 'Count': 1, 'MemoryInfo': {'SizeInMiB': 143771}}], 'TotalGpuMemoryInMiB': 143771}",2.65,0.00,"France, FR, EU"
 1x-H100_NVL-32-65536,H100,1,32,64.0,"{'Gpus': [{'Name': 'H100', 'Count': 1, 'MemoryInfo': {'SizeInMiB': 95830}}], 'TotalGpuMemoryInMiB': 95830}",2.08,0.00,"Bulgaria, BG, EU"
@@ -24,6 +24,7 @@ VAST = '''InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,
 2x-RTX_3090-32-65536,RTX3090,2,32,64.0,"{'Gpus': [{'Name': 'RTX3090', 'Count': 2, 'MemoryInfo': {'SizeInMiB': 49152}}], 'TotalGpuMemoryInMiB': 49152}",0.33,0.00,"Quebec, CA, NA"
 4x-RTX_3090-32-65536,RTX3090,4,32,64.0,"{'Gpus': [{'Name': 'RTX3090', 'Count': 4, 'MemoryInfo': {'SizeInMiB': 98304}}], 'TotalGpuMemoryInMiB': 98304}",0.67,0.00,"Quebec, CA, NA"
 8x-Tesla_V100-32-65536,V100,8,32,64.0,"{'Gpus': [{'Name': 'V100', 'Count': 8, 'MemoryInfo': {'SizeInMiB': 131072}}], 'TotalGpuMemoryInMiB': 131072}",0.85,0.00,"Sweden, SE, EU"
+1x-RTX_3060-32-65536,RTX3060,1,32,64.0,"{'Gpus': [{'Name': 'RTX3060', 'Count': 1, 'MemoryInfo': {'SizeInMiB': 12288}}], 'TotalGpuMemoryInMiB': 12288}",0.27,0.00,"Italy, IT, EU"
 '''
 # nebius @0082b0435f3912ae4c566856b272455cc78f4f61 (a CPU row and GPU rows)
 NEBIUS = '''InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,GpuInfo,SpotPrice
@@ -77,9 +78,11 @@ def test_marketplace_rows_are_hosts(files: dict[str, Path]) -> None:
     assert all(o.spot_price_per_hour is None for o in read.offers)
     assert by[("Quebec, CA, NA", "4x-RTX_3090-32-65536")].gpu == "RTX-3090"
     assert by[("Sweden, SE, EU", "8x-Tesla_V100-32-65536")].gpu == "V100-16GB"
-    # H100 NVL is not an H100 SXM; RTX 5090 has no spec yet: said, not guessed.
+    # H100 NVL is not an H100 SXM; the RTX 3060 has no spec: said, not guessed. The RTX 5090
+    # has one since issue 30.
     skipped = read.skipped["accelerator without a GPU spec"]
-    assert any("H100_NVL" in s for s in skipped) and any("RTX5090" in s for s in skipped)
+    assert any("H100_NVL" in s for s in skipped) and any("RTX3060" in s for s in skipped)
+    assert by[("Taiwan, TW, AS", "2x-RTX_5090-32-65536")].gpu == "RTX-5090"
     cat = es.Catalog.from_skypilot([files["vast"]])
     row = cat["vast/Croatia, HR, EU/8x-RTX_4090-32-65536"]
     assert row.instances == 1 and row.availability.startswith("marketplace: 1 host")

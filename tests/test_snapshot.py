@@ -27,15 +27,19 @@ def test_from_skypilots_installed_catalog(tmp_path: Path,
     out = tmp_path / "offers.json"
     rc = snapshot.main(["--from-sky", str(root), "--date", "2026-12-07", "--out", str(out)])
     printed = capsys.readouterr().out
-    assert rc == 0 and f"2 offers -> {out}" in printed
+    assert rc == 0 and f"3 offers -> {out}" in printed
     data = json.loads(out.read_text())
     assert [o["instance_type"] for o in data["offers"]] == ["gpu_1x_h100_pcie",
-                                                            "gpu_8x_h100_sxm5"]
+                                                            "gpu_8x_h100_sxm5", "gpu_8x_v100"]
     assert "SkyPilot's installed catalog" in data["notes"][0] and "2026-12-07" in data["notes"][0]
-    assert any("V100" in s for s in data["skipped"])  # not kept (no bf16): said, not hidden
-    # The file loads as a catalog, as the built-in one does.
-    cat = es.Catalog.from_dict({k: data[k] for k in ("notes", "offers")})
-    assert len(cat) == 2
+    # The written file, build report included, loads as a catalog (--catalog FILE), as the
+    # built-in one does; the V100 (no bf16) is kept for fp16 jobs and left out of bf16 ones.
+    cat = es.Catalog.load(out)
+    assert len(cat) == 3
+    v100 = [g for g in cat if g.gpu == "V100-16GB"]
+    assert len(v100) == 1 and not v100[0].bf16
+    with pytest.raises(es.CatalogError, match=r"catalog\.skipped"):
+        es.Catalog.from_dict({**data, "skipped": "not a list"})
 
 
 def test_from_sky_without_a_catalog_names_the_folder(tmp_path: Path,

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from ..model import ModelSpec
 from . import _common as c
+
+if TYPE_CHECKING:
+    from ..catalog import Catalog
 
 
 def _models_table(catalog: Any, title: str) -> Table:
@@ -50,10 +53,26 @@ def _check_filters(args: argparse.Namespace, catalog: Any) -> None:
             hit = (any(fnmatch.fnmatchcase(r, item) for r in known[flag]) if flag == "--region"
                    else item in known[flag])
             if not hit:
-                shown = ", ".join(known[flag][:30]) + (", ..." if len(known[flag]) > 30 else "")
+                shown = (_regions_by_provider(catalog) if flag == "--region" else
+                         ", ".join(known[flag][:30]) + (", ..." if len(known[flag]) > 30 else ""))
                 msg = (f"{flag} {item!r}{v.suggest(item, known[flag])}: the catalog has "
                        f"no such {flag[2:]}; it has: {shown or 'none'}")
                 raise CatalogError(msg)
+
+
+def _regions_by_provider(catalog: Catalog, per: int = 6) -> str:
+    """Each provider's regions, the first few of each (a marketplace's regions are places
+    with commas in them, such as 'Texas, US, NA': quoted)."""
+    by: dict[str, set[str]] = {}
+    for g in catalog:
+        if g.region:
+            by.setdefault(g.provider or "local", set()).add(g.region)
+    parts = []
+    for prov, regions in sorted(by.items()):
+        names = [repr(r) if "," in r else r for r in sorted(regions)]
+        parts.append(f"{prov}: {', '.join(names[:per])}"
+                     + (f", ... ({len(names)})" if len(names) > per else ""))
+    return "; ".join(parts)
 
 
 def cmd_offers(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from .._optional import require
 from .._validate import load_yaml
-from ..catalog import Catalog
+from ..catalog import NETWORK_NOTE, Catalog
 from ..cost import CostParams
 from ..engines import engine_cost
 from ..errors import JobError
@@ -266,7 +266,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         comparison = on_demand = None
     print_plan(best, con, comparison, *([on_demand] if on_demand is not None else []))
     for note in catalog.notes:
-        con.print(f"[dim]Catalog: {escape(note)}[/]")
+        if not note.startswith(NETWORK_NOTE):  # the plan says what it assumes of its own
+            con.print(f"[dim]Catalog: {escape(note)}[/]")
     if len(result.plans) > 1 or args.top_k > 1:
         print_top(result.plans, con)
         if len(result.plans) < args.top_k:

@@ -4,8 +4,11 @@ A plan that rents such an offer depends on a price the user should check before 
 stale catalog row, a region whose spot market has no history, a typo in a CSV). Two rules,
 each on the price per GPU-hour (docs/catalog.md, "Price sanity"):
 
-* against its peers: under :data:`PEER_FRACTION` of the median of the same GPU's other
-  offers in the same market (on demand or spot), when there are at least :data:`MIN_PEERS`;
+* against its peers: under :data:`PEER_FRACTION` of what the same GPU typically costs in the
+  same market (on demand or spot), when it has at least :data:`MIN_PEERS` other offers there.
+  "Typically" is the (lower) median over providers of each provider's median price, so that one
+  provider listing the GPU in thirty regions does not outvote the others (a neo-cloud's
+  V100 is not an outlier because AWS sells p3 in every region at six times its price);
 * a spot row against its own on-demand price: under :data:`SPOT_FLOOR` of it.
 
 The notes are computed once per catalog and travel in the plan's rent list (``price_note``).
@@ -41,9 +44,9 @@ def price_notes(catalog: Any) -> dict[str, str]:
     if hit is not None and hit[0] is catalog:
         return hit[1]
     rows = list(catalog)
-    peers: dict[tuple[str, str], list[float]] = defaultdict(list)
+    peers: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for g in rows:
-        peers[(g.model, g.market)].append(g.price_per_hour)
+        peers[(g.model, g.market)][g.provider or ""].append(g.price_per_hour)
     by_name = {g.name: g for g in rows}
     out: dict[str, str] = {}
     for g in rows:
@@ -51,13 +54,20 @@ def price_notes(catalog: Any) -> dict[str, str]:
         if p <= 0:
             continue
         said = []
-        others = list(peers[(g.model, g.market)])
-        others.remove(p)
+        by_provider = {k: list(v) for k, v in peers[(g.model, g.market)].items()}
+        by_provider[g.provider or ""].remove(p)
+        others = [x for v in by_provider.values() for x in v]
         if len(others) >= MIN_PEERS:
-            med = statistics.median(others)
+            typical = [statistics.median(v) for v in by_provider.values() if v]
+            # (the lower median: between two providers, the cheaper one's price is typical)
+            med = statistics.median(typical) if len(typical) == 1 else \
+                statistics.median_low(typical)
             if p < PEER_FRACTION * med:
-                said.append(f"{p / med:.2f}x the median ({_usd(med)}) of {len(others)} "
-                            f"other {g.model} {g.market} offers")
+                what = (f"the median ({_usd(med)})" if len(typical) == 1 else
+                        f"the typical price ({_usd(med)}: the median of {len(typical)} "
+                        "providers' medians)")
+                said.append(f"{p / med:.2f}x {what} of {len(others)} other {g.model} "
+                            f"{g.market} offers")
         if g.market == "spot" and g.name.endswith(SPOT_SUFFIX):
             base = by_name.get(g.name.removesuffix(SPOT_SUFFIX))
             if base is not None and base.price_per_hour > 0 and \

@@ -8,9 +8,10 @@ lowest spot price. What cannot become an offer is counted in :attr:`SkyPilotRead
 with the reason, never guessed: unknown accelerators, fractional GPUs, rows without a price,
 GCP accelerators without a fixed host machine or without the host's price.
 
-GCP lists GPUs as accelerator rows priced without their VM; the VM (a2/a3 machine types
-that fix the GPU count) is priced from the file's own host rows when it has them (a full
-``vms.csv``), else from ``espresso/data/gcp_hosts.csv`` (a dated copy of those rows).
+GCP lists GPUs as accelerator rows priced without their VM; the VM (a2/a3/g2 machine types
+that fix the GPU count; one L4 takes the smallest, g2-standard-4) is priced from the file's
+own host rows when it has them (a full ``vms.csv``), else from ``espresso/data/gcp_hosts.csv``
+(a dated copy of those rows).
 """
 
 from __future__ import annotations
@@ -106,6 +107,13 @@ def _float(text: str | None) -> float | None:
     return val if math.isfinite(val) else None
 
 
+def _price(text: str | None) -> float | None:
+    """A price in USD per hour, to 8 decimals: files written by float arithmetic carry its
+    noise (Cudo's 0.36979999999999996 is 0.3698), which would not survive a round trip."""
+    val = _float(text)
+    return None if val is None else round(val, 8)
+
+
 def _memory_mib(info: str | None) -> float | None:
     if not info:
         return None
@@ -145,6 +153,8 @@ _GCP_MACHINES = {
     "H100-MEGA": {8: "a3-megagpu-8g"},
     "H200": {8: "a3-ultragpu-8g"},
     "B200": {8: "a4-highgpu-8g"},
+    # L4 sits on G2 machines: 2, 4 and 8 GPUs fix the machine; 1 GPU takes the smallest.
+    "L4": {1: "g2-standard-4", 2: "g2-standard-24", 4: "g2-standard-48", 8: "g2-standard-96"},
 }
 
 
@@ -227,8 +237,8 @@ def read_skypilot(paths: Sequence[str | Path], *, specs: SpecTable | None = None
             if bf16_only and not spec.bf16:
                 out.skip("no bf16 tensor cores (not kept for training)", where)
                 continue
-            price = _float(r.get("Price"))
-            spot = _float(r.get("SpotPrice"))
+            price = _price(r.get("Price"))
+            spot = _price(r.get("SpotPrice"))
             if spot is not None and spot <= 0:
                 spot = None  # (marketplaces write 0.00 where they have no spot price)
             if not price or price <= 0:

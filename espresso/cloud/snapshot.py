@@ -9,10 +9,11 @@ From files you downloaded (one per provider; record where each came from)::
 or from the catalog SkyPilot keeps where it is installed (``~/.sky/catalogs/v8/<cloud>/vms.csv``,
 fetched by SkyPilot itself, e.g. on ``sky show-gpus``)::
 
-    python -m espresso.cloud.snapshot --from-sky [--providers aws,gcp,lambda] --date YYYY-MM-DD
+    python -m espresso.cloud.snapshot --from-sky [--providers aws,gcp,lambda,vast] --date YYYY-MM-DD
 
-It keeps the GPUs with bf16 tensor cores, one offer per (provider, region, instance type), and
-the default availability (instances holding 32 GPUs per offer), prints what it skipped and
+It keeps every GPU of the spec table (those without bf16 serve fp16 jobs), one offer per
+(provider, region, instance type), and the default availability (instances holding 32 GPUs
+per offer; a marketplace's offer has the hosts its file lists), prints what it skipped and
 why, and writes the package's ``data/offers.json`` (or ``--out``). docs/catalog.md says which
 files and commits the shipped snapshot was built from.
 """
@@ -31,7 +32,7 @@ from .skypilot import DEFAULT_GPUS_PER_OFFER, PROVIDERS, read_skypilot
 SKY_CATALOGS = "~/.sky/catalogs/v8"
 """Where SkyPilot keeps the v8 catalogs it downloads (its ``CATALOG_DIR`` and schema
 version)."""
-SNAPSHOT_PROVIDERS = ("aws", "gcp", "lambda")
+SNAPSHOT_PROVIDERS = ("aws", "gcp", "lambda", "vast", "shadeform", "nebius", "cudo", "hyperbolic")
 
 
 def sky_files(root: str | Path = SKY_CATALOGS,
@@ -49,11 +50,12 @@ def sky_files(root: str | Path = SKY_CATALOGS,
 
 
 def build(paths: list[str], date: str, sources: list[str]) -> dict[str, object]:
-    read = read_skypilot(paths, bf16_only=True)
+    read = read_skypilot(paths)
     notes = [
         f"snapshot of SkyPilot catalogs (v8) taken {date}: {'; '.join(sources)}",
         f"availability is an assumption: {DEFAULT_GPUS_PER_OFFER} GPUs per offer (whole "
-        "instances); give your quotas with --quota or --max-instances",
+        "instances) unless the offer states its own (a marketplace's listed hosts); give your "
+        "quotas with --quota or --max-instances",
     ]
     return {"notes": notes, "offers": [o.to_dict() for o in read.offers],
             "skipped": read.summary()}
