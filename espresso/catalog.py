@@ -259,13 +259,17 @@ class Catalog:
         specs = SpecTable.builtin()
         notes = (f"SkyPilot catalog: {', '.join(map(str, items))} ({len(read.offers)} offers "
                  f"from {read.rows} GPU rows)",
-                 f"{ASSUMPTION_NOTE}: {per} GPUs per offer (whole instances); "
-                 "give your quotas with --quota or --max-instances",
+                 f"{ASSUMPTION_NOTE}: {per} GPUs per offer (whole instances)"
+                 + (" unless the offer states its own (a marketplace's listed hosts)"
+                    if any(o.availability for o in read.offers) else "")
+                 + "; give your quotas with --quota or --max-instances",
                  *read.summary())
         rows = [o.resolve(specs, network_gbs=network_gbs,
                           availability=ASSUMED.replace("32", str(per)))
                 for o in read.offers]
-        return cls(gpus=tuple(rows), notes=(*notes, *_network_notes(rows)))
+        # (a marketplace's file states its hosts: no assumption to note)
+        return cls(gpus=tuple(rows),
+                   notes=(*without_stale_assumption(notes, rows), *_network_notes(rows)))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -84,6 +84,12 @@ def test_marketplace_rows_are_hosts(files: dict[str, Path]) -> None:
     assert any("H100_NVL" in s for s in skipped) and any("RTX3060" in s for s in skipped)
     assert by[("Taiwan, TW, AS", "2x-RTX_5090-32-65536")].gpu == "RTX-5090"
     cat = es.Catalog.from_skypilot([files["vast"]])
+    # Every offer states its hosts: the catalog notes no assumption (it would contradict
+    # them); beside another provider's offers, the assumption says it is not theirs.
+    assert not any(n.startswith("availability is an assumption") for n in cat.notes)
+    both = es.Catalog.from_skypilot([files["vast"], files["nebius"]])
+    assert any(n.startswith("availability is an assumption") and "marketplace's listed hosts"
+               in n for n in both.notes)
     row = cat["vast/Croatia, HR, EU/8x-RTX_4090-32-65536"]
     assert row.instances == 1 and row.availability.startswith("marketplace: 1 host")
     assert row.network_assumed and "marketplace default" in str(row.network_source)
