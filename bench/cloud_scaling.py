@@ -1,10 +1,12 @@
 """Scaling of the search over the number of cloud offers.
 
 Run: python bench/cloud_scaling.py [--time-limit S] [--out FILE]
+(ESPRESSO_BENCH_SNAPSHOT=FILE: on another snapshot file, as bench/test_bench_cloud.py)
 
 llama2-70b, 1e11 tokens, 20 days, at most two instances per offer (as in
 bench/test_bench_cloud.py), over growing parts of the built-in snapshot: one region, one
-provider, two providers, all of it; and random subsets of N offers (seeded). For each: offers,
+provider, two providers, the GPU clouds of issue 30, all of it; and random subsets of N offers
+(seeded). For each: offers,
 (domain, vendor) subproblems and those searched, seconds, whether proven (gap), best plan.
 """
 
@@ -42,6 +44,9 @@ def main() -> None:
         ("aws (all regions)", subset(full, lambda g: g.provider == "aws")),
         ("aws + gcp", subset(full, lambda g: g.provider in ("aws", "gcp"))),
     ]
+    gpu_clouds = ("vast", "shadeform", "nebius", "cudo", "hyperbolic")  # (issue 30)
+    if any(g.provider in gpu_clouds for g in full.gpus):
+        cases.append(("the five GPU clouds", subset(full, lambda g: g.provider in gpu_clouds)))
     for n in (100, 200, 400):
         keep = set(rng.sample(range(len(full.gpus)), n))
         cases.append((f"random {n}", es.Catalog(
