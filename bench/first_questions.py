@@ -14,7 +14,9 @@ answer. `--budgets` adds, after each snapshot row with a plan, the same job aski
 fastest plan within 1.25 x that plan's cost (no deadline). `--previous` prints the same
 table with an earlier run's columns beside (runs are written with `--out`;
 bench/results/first_questions.json holds the one made at the last commit that touched the
-search, bench/results/first_questions_budgets.json one with `--budgets`).
+search or the snapshot, bench/results/first_questions_797_offers.json the last one on the
+797-offer snapshot before issue 30, bench/results/first_questions_budgets.json one with
+`--budgets`).
 """
 
 from __future__ import annotations

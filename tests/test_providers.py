@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import espresso as es
-from espresso.cloud.skypilot import read_skypilot
+from espresso.cloud.skypilot import SIZE_SKIPPED, read_skypilot
 
 # vast @01b8cdda287814b30ff0acb49746cca19fbd4355 (rows 1, 6, 9-11, 29-31, 46-48, and 63, an RTX 3060; 'SpotPrice' 0.00)
 VAST = '''InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region
@@ -44,8 +44,8 @@ lambdalabs_A100x8,A100,8.0,124.0,1800,15.92,sanjose-usa-2,"{'Gpus': [{'Name': 'A
 paperspace_A4000x4,A4000,4.0,32.0,180,3.2,newyork-usa-1,"{'Gpus': [{'Name': 'A4000', 'Manufacturer': 'NVIDIA', 'Count': 4.0, 'MemoryInfo': {'SizeInMiB': 16}, 'TotalGpuMemoryInMiB': 64}]}",
 denvr_Gaudi2x8,GAUDI2,8.0,152.0,940,8.8,houston-usa-1,"{'Gpus': [{'Name': 'GAUDI2', 'Manufacturer': 'Intel', 'Count': 8.0, 'MemoryInfo': {'SizeInMiB': 96}, 'TotalGpuMemoryInMiB': 768}]}",
 '''
-# cudo @113567a74b2f208af08e0c9236e26cc354a2bf65 (rows 1, 3, 4, 11, 12, 13: one GPU type in
-# several vCPU/memory sizes, each its own instance type)
+# cudo @113567a74b2f208af08e0c9236e26cc354a2bf65 (rows 1, 3, 4, 11, 12, 13, 145: one GPU type
+# in several vCPU/memory sizes, each its own instance type)
 CUDO = '''InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,GpuInfo,SpotPrice
 ice-lake-a40-compute_1x2v4gb,A40,1.0,2,4,0.36979999999999996,ca-montreal-3,"{'Gpus': [{'Name': 'A40', 'Manufacturer': 'NVIDIA', 'Count': '1.0', 'MemoryInfo': {'SizeInMiB': 49152}}], 'TotalGpuMemoryInMiB': 49152}",
 sapphire-rapids-h100_1x2v4gb,H100-SXM,1.0,2,4,2.5354,ca-montreal-3,"{'Gpus': [{'Name': 'H100-SXM', 'Manufacturer': 'NVIDIA', 'Count': '1.0', 'MemoryInfo': {'SizeInMiB': 81920}}], 'TotalGpuMemoryInMiB': 81920}",
@@ -53,6 +53,7 @@ epyc-genoa-a100-pcie_1x2v4gb,A100,1.0,2,4,1.5294,no-kristiansand-1,"{'Gpus': [{'
 intel-ice-lake-a800-pci_1x2v4gb,A800,1.0,2,4,0.8234,us-carlsbad-1,"{'Gpus': [{'Name': 'A800', 'Manufacturer': 'NVIDIA', 'Count': '1.0', 'MemoryInfo': {'SizeInMiB': 81920}}], 'TotalGpuMemoryInMiB': 81920}",
 intel-broadwell-v100_1x2v4gb,V100,1.0,2,4,0.21,us-newyork-1,"{'Gpus': [{'Name': 'V100', 'Manufacturer': 'NVIDIA', 'Count': '1.0', 'MemoryInfo': {'SizeInMiB': 16384}}], 'TotalGpuMemoryInMiB': 16384}",
 ice-lake-a40-compute_1x4v8gb,A40,1.0,4,8,0.38959999999999995,ca-montreal-3,"{'Gpus': [{'Name': 'A40', 'Manufacturer': 'NVIDIA', 'Count': '1.0', 'MemoryInfo': {'SizeInMiB': 49152}}], 'TotalGpuMemoryInMiB': 49152}",
+ice-lake-a40-compute_1x24v48gb,A40,1.0,24,48,0.5876,ca-montreal-3,"{'Gpus': [{'Name': 'A40', 'Manufacturer': 'NVIDIA', 'Count': '1.0', 'MemoryInfo': {'SizeInMiB': 49152}}], 'TotalGpuMemoryInMiB': 49152}",
 '''
 
 
@@ -116,17 +117,34 @@ def test_gpu_clouds_read_with_their_quirks(files: dict[str, Path]) -> None:
     assert any("GAUDI2" in n for n in cat.notes)  # skipped, and said
 
 
-def test_cudo_sizes_are_offers_of_their_own(files: dict[str, Path]) -> None:
+def test_cudo_sizes_keep_one_host_per_gpu_count(files: dict[str, Path]) -> None:
+    """Three sizes of one A40 machine (2 vCPUs/4 GB at $0.37, 4/8 GB at $0.39, 24/48 GB at
+    $0.59): one offer, the cheapest whose host memory holds its GPU's 48 GB; the others are
+    counted as skipped, with the size kept."""
     cat = es.Catalog.from_skypilot([files["cudo"]])
     a40 = [g for g in cat if g.model == "A40"]
-    assert sorted(g.instance_type for g in a40) == ["ice-lake-a40-compute_1x2v4gb",
-                                                    "ice-lake-a40-compute_1x4v8gb"]
-    assert [g.vcpus for g in sorted(a40, key=lambda g: g.vcpus or 0)] == [2, 4]
+    assert [(g.instance_type, g.vcpus) for g in a40] == [("ice-lake-a40-compute_1x24v48gb", 24)]
+    assert a40[0].price_per_hour == 0.5876
+    read = read_skypilot([files["cudo"]])
+    assert read.skipped[SIZE_SKIPPED] == [
+        "cudo ca-montreal-3 ice-lake-a40-compute_1x2v4gb (kept ice-lake-a40-compute_1x24v48gb)",
+        "cudo ca-montreal-3 ice-lake-a40-compute_1x4v8gb (kept ice-lake-a40-compute_1x24v48gb)"]
+    # Without a size whose memory suffices, the one with the most memory.
+    two = read_skypilot([_only(files["cudo"], "1x24v48gb")]).offers
+    assert [o.instance_type for o in two if o.gpu == "A40"] == ["ice-lake-a40-compute_1x4v8gb"]
     assert cat["cudo/ca-montreal-3/sapphire-rapids-h100_1x2v4gb"].model == "H100-SXM"
     assert cat["cudo/no-kristiansand-1/epyc-genoa-a100-pcie_1x2v4gb"].model == "A100-80GB"
     v100 = cat["cudo/us-newyork-1/intel-broadwell-v100_1x2v4gb"]
     assert v100.model == "V100-16GB" and not v100.bf16
     assert any("A800" in n for n in cat.notes)  # no spec: skipped, and said
+
+
+def _only(path: Path, drop: str) -> Path:
+    """A copy of the file without its lines containing ``drop``."""
+    out = path.with_name(f"cudo_without_{drop}.csv")
+    out.write_text("".join(line for line in path.read_text().splitlines(keepends=True)
+                           if drop not in line))
+    return out
 
 
 def test_a_plan_over_the_new_providers(files: dict[str, Path]) -> None:

@@ -31,6 +31,7 @@ from pathlib import Path
 from .. import _io
 from .. import _validate as v
 from ..errors import CatalogError
+from .networks import network_for
 from .offers import Offer
 from .specs import GpuSpec, SpecTable
 
@@ -72,6 +73,8 @@ class _Group:
     zones: set[str] = field(default_factory=set)
     vcpus: int | None = None
     """vCPUs of one instance (the file's vCPUs column; GCP's accelerator rows have none)."""
+    memory_gib: float | None = None
+    """Host memory of one instance (the file's MemoryGiB column), when given."""
     hosts: int = 0
     """Rows of it at the lowest price (a marketplace's hosts at that price)."""
 
@@ -84,6 +87,50 @@ class _Group:
             self.zones.add(zone)
         if spot is not None and (self.spot is None or spot < self.spot):
             self.spot = spot
+
+
+SIZE_SKIPPED = "another host size (vCPUs, memory) of GPUs already offered"
+KEEP_SIZES = ("aws", "gcp", "azure", "oci")
+"""Hyperscalers, whose host sizes stay offers of their own: their quotas count vCPUs per
+instance family (docs/catalog.md, "Shared limits"), so a smaller size fits where a larger
+does not, and their sizes have network figures of their own."""
+
+
+def _other_host_sizes(groups: dict[tuple[str, str, str], _Group], specs: SpecTable,
+                      out: SkyPilotRead) -> list[tuple[str, str, str]]:
+    """Instance types of one provider and region that hold the same GPUs behind the same
+    network and differ only in their host (vCPUs, memory) and price, such as Cudo's thirteen
+    sizes of one A40 machine or AWS's g5.xlarge to g5.8xlarge: one offer is kept, the
+    cheapest whose host memory is at least its GPUs' memory (training loads checkpoints and
+    pins batches there), else the one with the most memory, else the cheapest. The cost
+    model uses GPUs, links and price, so a dearer size would never be chosen over the kept
+    one, and counting each size as its own 32 GPUs would multiply an assumed capacity (and
+    the search's work) by the number of sizes. A marketplace's types are hosts, not sizes;
+    a hyperscaler's sizes are kept (:data:`KEEP_SIZES`)."""
+    by: dict[tuple[object, ...], list[tuple[str, str, str]]] = {}
+    for key, grp in groups.items():
+        provider, region, it = key
+        if provider in MARKETPLACES or provider in KEEP_SIZES:
+            continue
+        net = network_for(it)
+        by.setdefault((provider, region, grp.gpu, grp.n, net), []).append(key)
+    drop: list[tuple[str, str, str]] = []
+    for (_p, _r, gpu, n, _net), keys in by.items():
+        if len(keys) < 2:
+            continue
+        need = specs[gpu].memory_gb * n
+        enough = [k for k in keys if (groups[k].memory_gib or 0) >= need]
+        if enough:
+            keep = min(enough, key=lambda k: (groups[k].price, k))
+        elif any(groups[k].memory_gib for k in keys):
+            keep = max(keys, key=lambda k: (groups[k].memory_gib or 0, -groups[k].price, k))
+        else:
+            keep = min(keys, key=lambda k: (groups[k].price, k))
+        for k in sorted(keys):
+            if k != keep:
+                drop.append(k)
+                out.skip(SIZE_SKIPPED, f"{k[0]} {k[1]} {k[2]} (kept {keep[2]})")
+    return drop
 
 
 def provider_of(path: str | Path) -> str:
@@ -259,13 +306,17 @@ def read_skypilot(paths: Sequence[str | Path], *, specs: SpecTable | None = None
                         else None)
             key = (provider, region, it)
             cpus = _float(r.get("vCPUs"))
+            mem = _float(r.get("MemoryGiB"))
             grp = groups.setdefault(key, _Group(spec.name, n, price, vcpus=(
                 int(cpus) if cpus is not None and cpus >= 1 and cpus == int(cpus)
-                and provider != "gcp" else None)))
+                and provider != "gcp" else None), memory_gib=(
+                mem if mem is not None and mem > 0 and provider != "gcp" else None)))
             if grp.gpu != spec.name or grp.n != n:
                 out.skip("instance type listed with two GPU models or counts", where)
                 continue
             grp.add(price, spot, zone)
+    for key in _other_host_sizes(groups, specs, out):
+        del groups[key]
     for (provider, region, it), grp in sorted(groups.items()):
         market = provider in MARKETPLACES
         out.offers.append(Offer(
