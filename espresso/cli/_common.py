@@ -81,7 +81,7 @@ def load_cost_model(path: str | None) -> CostParams | None:
 def add_catalog_arg(p: argparse.ArgumentParser, what: str = "default: built-in") -> None:
     p.add_argument("--catalog", metavar="FILE",
                    help=f"catalog YAML/JSON, skypilot:VMS.CSV[,...], or builtin:cloud|gpus "
-                        f"({what}: the dated snapshot of AWS, GCP and Lambda offers)")
+                        f"({what}: the dated snapshot of eight providers' offers, docs/catalog.md)")
     p.add_argument("--network-gbs", type=float, metavar="GBS",
                    help="GB/s per GPU between instances of offers whose instance type has no "
                         "published network figure (default: by provider class and GPU count, "
