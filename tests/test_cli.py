@@ -274,10 +274,17 @@ def test_offers_filters_that_match_nothing(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_unknown_skypilot_provider(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A provider the package does not know is read (its defaults stated); a name that
+    cannot be a provider is refused, named."""
     vms = tmp_path / "vms.csv"
-    vms.write_text("InstanceType,AcceleratorName,AcceleratorCount,Price,Region\n")
-    assert main(["gpus", "--catalog", f"skypilot:nope={vms}"]) == 2
-    assert "unknown provider 'nope'" in capsys.readouterr().err
+    vms.write_text("InstanceType,AcceleratorName,AcceleratorCount,Price,Region\n"
+                   "big,H100,8,20.0,r1\n")
+    assert main(["offers", "--catalog", f"skypilot:nope={vms}"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "│ nope │ r1 │ big │ H100-SXM │" in out
+    assert "provider 'nope' is not one the package knows" in out
+    assert main(["gpus", "--catalog", f"skypilot:No Pe!={vms}"]) == 2
+    assert "provider 'no pe!' is not a provider name" in capsys.readouterr().err
 
 
 def test_export_reads_the_catalog_it_is_given(tmp_path: Path,

@@ -156,3 +156,47 @@ def test_a_plan_over_the_new_providers(files: dict[str, Path]) -> None:
     # The cheapest H100-hour in these rows is Hyperbolic's ($1.29): the plan rents it (an A40
     # at $0.37 is cheaper per hour but not per FLOP at this deadline).
     assert [r["provider"] for r in plan.estimate.rent] == ["hyperbolic"]
+
+
+# Providers the package does not know (issue 30, item 3: "never a refusal of a valid CSV").
+# hyperstack @fdc9d908ab0b2af9f468f139fb3f662c8c6b3257 (rows 1, 9, 11, 25), verbatim.
+HYPERSTACK = '''InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,Region,SpotPrice
+n3-A100x1,A100-80G-PCIe,1,28,120.0,"{'Gpus': [{'Name': 'A100-80G-PCIe', 'Manufacturer': null, 'Count': 1, 'MemoryInfo': {'SizeInMiB': 81920}}], 'TotalGpuMemoryInMiB': 81920}",1.35,CANADA-1,
+n3-H100x8,H100-80G-PCIe,8,252,1440.0,"{'Gpus': [{'Name': 'H100-80G-PCIe', 'Manufacturer': null, 'Count': 8, 'MemoryInfo': {'SizeInMiB': 81920}}], 'TotalGpuMemoryInMiB': 655360}",15.2,CANADA-1,
+n3-H100-SXM5x8,H100-80G-SXM5,8,192,1800.0,"{'Gpus': [{'Name': 'H100-80G-SXM5', 'Manufacturer': null, 'Count': 8, 'MemoryInfo': {'SizeInMiB': 81920}}], 'TotalGpuMemoryInMiB': 655360}",19.2,CANADA-1,
+n3-RTX-A6000x8,RTX-A6000,8,252,464.0,"{'Gpus': [{'Name': 'RTX-A6000', 'Manufacturer': null, 'Count': 8, 'MemoryInfo': {'SizeInMiB': 49152}}], 'TotalGpuMemoryInMiB': 393216}",4.0,CANADA-1,
+'''
+# verda @000c1d0bf24621f4ac37cfa585f0897c1aa1d9cf (rows 1, 2, 17, 21; an extra UpstreamCloudId
+# column, JSON GpuInfo, a row with a spot price only), verbatim.
+VERDA = '''InstanceType,UpstreamCloudId,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,GpuInfo,Region,Price,SpotPrice
+1B300.30V,1B300.30V,30.0,275.0,B300,1.0,"{""Gpus"": [{""Name"": ""B300"", ""Count"": 1, ""MemoryInfo"": {""SizeInMiB"": 268288}}], ""TotalGpuMemoryInMiB"": 268288}",FIN-03,6.99,2.447
+2B300.60V,2B300.60V,60.0,550.0,B300,2.0,"{""Gpus"": [{""Name"": ""B300"", ""Count"": 2, ""MemoryInfo"": {""SizeInMiB"": 268800}}], ""TotalGpuMemoryInMiB"": 537600}",FIN-03,,4.893
+1RTXPRO6000.30V,1RTXPRO6000.30V,30.0,90.0,RTX-PRO-6000,1.0,"{""Gpus"": [{""Name"": ""RTX-PRO-6000"", ""Count"": 1, ""MemoryInfo"": {""SizeInMiB"": 98304}}], ""TotalGpuMemoryInMiB"": 98304}",FIN-03,1.69,0.5915
+1RTX6000ADA.10V,1RTX6000ADA.10V,10.0,60.0,RTX-6000-Ada,1.0,"{""Gpus"": [{""Name"": ""RTX-6000-Ada"", ""Count"": 1, ""MemoryInfo"": {""SizeInMiB"": 49152}}], ""TotalGpuMemoryInMiB"": 49152}",FIN-03,0.8262,
+'''
+
+
+def test_a_provider_the_package_does_not_know_is_read(tmp_path: Path) -> None:
+    """Named by its file (hyperstack_vms.csv) or by SkyPilot's folder (verda/vms.csv): read,
+    its GPU names mapped, what has no spec counted, and the defaults it takes stated."""
+    hs = tmp_path / "hyperstack_vms.csv"
+    hs.write_text(HYPERSTACK)
+    (tmp_path / "verda").mkdir()
+    vd = tmp_path / "verda" / "vms.csv"
+    vd.write_text(VERDA)
+    read = read_skypilot([hs, vd])
+    by = {o.instance_type: o for o in read.offers}
+    assert {o.provider for o in read.offers} == {"hyperstack", "verda"}
+    assert [by[t].gpu for t in ("n3-A100x1", "n3-H100x8", "n3-H100-SXM5x8", "n3-RTX-A6000x8",
+                                "1RTXPRO6000.30V")] == [
+        "A100-80GB", "H100-PCIe", "H100-SXM", "RTX-A6000", "RTX-PRO-6000"]
+    assert by["1RTXPRO6000.30V"].spot_price_per_hour == 0.5915
+    assert [s.split()[1] for s in read.skipped["accelerator without a GPU spec"]] == [
+        "B300", "B300", "RTX-6000-Ada"]  # no spec yet: counted, not guessed
+    cat = es.Catalog.from_skypilot([hs, vd])
+    assert any("provider 'hyperstack' is not one the package knows" in n for n in cat.notes)
+    assert all(g.network_assumed and "gpu-cloud default" in str(g.network_source) for g in cat)
+    # Given as PROVIDER=FILE with any plain name; a name that is not one is refused, named.
+    assert len(es.Catalog.from_skypilot([f"my-cloud={hs}"])) == 4
+    with pytest.raises(es.CatalogError, match=r"provider 'my cloud!' is not a provider name"):
+        es.Catalog.from_skypilot([f"my cloud!={hs}"])

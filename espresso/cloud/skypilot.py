@@ -52,13 +52,19 @@ class SkyPilotRead:
     skipped: dict[str, list[str]] = field(default_factory=dict)
     """Reason -> examples (``file:line accelerator instance``) of rows not turned into offers."""
     rows: int = 0
+    unknown_providers: list[str] = field(default_factory=list)
+    """Providers read that the package does not know (their defaults are stated)."""
 
     def skip(self, reason: str, example: str) -> None:
         self.skipped.setdefault(reason, []).append(example)
 
     def summary(self) -> list[str]:
-        return [f"{len(ex)} row{'s' if len(ex) != 1 else ''} skipped: {reason} "
-                f"(e.g. {ex[0]})" for reason, ex in sorted(self.skipped.items())]
+        unknown = [f"provider {p!r} is not one the package knows"
+                   f"{v.suggest(p, PROVIDERS)}: read like the other GPU clouds (network "
+                   "default of its class, 32 GPUs per offer assumed; docs/catalog.md)"
+                   for p in sorted(set(self.unknown_providers))]
+        return unknown + [f"{len(ex)} row{'s' if len(ex) != 1 else ''} skipped: {reason} "
+                          f"(e.g. {ex[0]})" for reason, ex in sorted(self.skipped.items())]
 
 
 @dataclass
@@ -133,15 +139,38 @@ def _other_host_sizes(groups: dict[tuple[str, str, str], _Group], specs: SpecTab
     return drop
 
 
+_PROVIDER_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")
+_NOT_A_PROVIDER = {"vms", "gpu", "gpus", "csv", "catalog", "catalogs", "v8", "v7", "v6", "data",
+                   "skypilot", "tmp", "home", "examples"}
+
+
 def provider_of(path: str | Path) -> str:
-    """The provider a file belongs to, from its name (``aws_gpu_vms.csv``, ``gcp/vms.csv``)."""
+    """The provider a file belongs to, from its name: a known provider named anywhere in the
+    path (``aws_gpu_vms.csv``, ``gcp/vms.csv``), else the name SkyPilot's layout gives it
+    (``hyperstack/vms.csv``, ``hyperstack_vms.csv``)."""
     parts: list[str] = [p.lower() for p in re.split(r"[\\/_.\-\s]+", str(path)) if p]
     for p in reversed(parts):
         if p in PROVIDERS:
             return p
+    file = Path(path)
+    stem = file.stem.lower()
+    guess = (file.parent.name.lower() if stem == "vms" else
+             stem.split("_", 1)[0] if stem.endswith("vms") and "_" in stem else "")
+    if _PROVIDER_NAME.fullmatch(guess) and guess not in _NOT_A_PROVIDER:
+        return guess
     msg = (f"{path}: cannot tell the cloud provider from the file name; name the file after "
-           f"it (e.g. aws_vms.csv) or write PROVIDER=FILE (providers: {', '.join(PROVIDERS)})")
+           f"it (e.g. aws_vms.csv, or PROVIDER/vms.csv as SkyPilot keeps it) or write "
+           f"PROVIDER=FILE (known providers: {', '.join(PROVIDERS)}; others are read too)")
     raise CatalogError(msg)
+
+
+def _check_provider(provider: str, where: str) -> None:
+    """A provider name: a known one, or any plain name (a GPU cloud the package has not seen
+    is read like the others, with the defaults of its class stated)."""
+    if not _PROVIDER_NAME.fullmatch(provider):
+        msg = (f"{where}: provider {provider!r} is not a provider name (lowercase letters, "
+               f"digits and '-', starting with a letter){v.suggest(provider, PROVIDERS)}")
+        raise CatalogError(msg)
 
 
 def _float(text: str | None) -> float | None:
@@ -241,11 +270,10 @@ def read_skypilot(paths: Sequence[str | Path], *, specs: SpecTable | None = None
     for item in paths:
         text_path = str(item)
         provider, _, file = text_path.partition("=") if "=" in text_path else ("", "", text_path)
-        provider = provider.lower() or provider_of(file)
+        provider = provider.strip().lower() or provider_of(file)
+        _check_provider(provider, text_path)
         if provider not in PROVIDERS:
-            msg = (f"{text_path}: unknown provider {provider!r}{v.suggest(provider, PROVIDERS)}; "
-                   f"expected one of {', '.join(PROVIDERS)}")
-            raise CatalogError(msg)
+            out.unknown_providers.append(provider)
         if providers and provider not in providers:
             continue
         text = _io.read_text("catalog", file, err=CatalogError)
