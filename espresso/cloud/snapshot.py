@@ -4,7 +4,11 @@ From files you downloaded (one per provider; record where each came from)::
 
     curl -Lo aws_vms.csv https://raw.githubusercontent.com/skypilot-org/skypilot-catalog/COMMIT/catalogs/v8/aws/vms.csv
     python -m espresso.cloud.snapshot aws=aws_vms.csv gcp=gcp_vms.csv lambda=lambda_vms.csv \\
+        vast=examples/catalogs/vast_vms.csv ... \\
         --date YYYY-MM-DD --source "skypilot-catalog catalogs/v8/aws/vms.csv @COMMIT" ...
+
+(the shipped snapshot's eight files and its exact command: docs/catalog.md, "The shipped
+snapshot"; the five GPU clouds' files are in examples/catalogs/)
 
 or from the catalog SkyPilot keeps where it is installed (``~/.sky/catalogs/v8/<cloud>/vms.csv``,
 fetched by SkyPilot itself, e.g. on ``sky show-gpus``)::
@@ -12,10 +16,11 @@ fetched by SkyPilot itself, e.g. on ``sky show-gpus``)::
     python -m espresso.cloud.snapshot --from-sky [--providers aws,gcp,lambda,vast] --date YYYY-MM-DD
 
 It keeps every GPU of the spec table (those without bf16 serve fp16 jobs), one offer per
-(provider, region, instance type), and the default availability (instances holding 32 GPUs
-per offer; a marketplace's offer has the hosts its file lists), prints what it skipped and
-why, and writes the package's ``data/offers.json`` (or ``--out``). docs/catalog.md says which
-files and commits the shipped snapshot was built from.
+(provider, region, instance type; of a GPU cloud's host sizes of the same GPUs, one), and the
+default availability (instances holding 32 GPUs per offer; a marketplace's offer has the
+hosts its file lists), prints what it skipped and why, and writes the package's
+``data/offers.json`` (or ``--out``). docs/catalog.md says which files and commits the shipped
+snapshot was built from.
 """
 
 from __future__ import annotations
