@@ -177,13 +177,18 @@ VERDA = '''InstanceType,UpstreamCloudId,vCPUs,MemoryGiB,AcceleratorName,Accelera
 
 
 def test_a_provider_the_package_does_not_know_is_read(tmp_path: Path) -> None:
-    """Named by its file (hyperstack_vms.csv) or by SkyPilot's folder (verda/vms.csv): read,
+    """Named by its file (hyperstack_vms.csv) or by SkyPilot's folder (v8/verda/vms.csv): read,
     its GPU names mapped, what has no spec counted, and the defaults it takes stated."""
     hs = tmp_path / "hyperstack_vms.csv"
     hs.write_text(HYPERSTACK)
-    (tmp_path / "verda").mkdir()
-    vd = tmp_path / "verda" / "vms.csv"
+    (tmp_path / "v8" / "verda").mkdir(parents=True)
+    vd = tmp_path / "v8" / "verda" / "vms.csv"
     vd.write_text(VERDA)
+    # A vms.csv outside SkyPilot's layout names no provider: asked for, not guessed.
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "vms.csv").write_text(VERDA)
+    with pytest.raises(es.CatalogError, match="cannot tell the cloud provider"):
+        read_skypilot([tmp_path / "user" / "vms.csv"])
     read = read_skypilot([hs, vd])
     by = {o.instance_type: o for o in read.offers}
     assert {o.provider for o in read.offers} == {"hyperstack", "verda"}

@@ -106,7 +106,7 @@ def _other_host_sizes(groups: dict[tuple[str, str, str], _Group], specs: SpecTab
                       out: SkyPilotRead) -> list[tuple[str, str, str]]:
     """Instance types of one provider and region that hold the same GPUs behind the same
     network and differ only in their host (vCPUs, memory) and price, such as Cudo's thirteen
-    sizes of one A40 machine or AWS's g5.xlarge to g5.8xlarge: one offer is kept, the
+    sizes of one A40 machine or Nebius's eight of one L40S: one offer is kept, the
     cheapest whose host memory is at least its GPUs' memory (training loads checkpoints and
     pins batches there), else the one with the most memory, else the cheapest. The cost
     model uses GPUs, links and price, so a dearer size would never be chosen over the kept
@@ -147,14 +147,16 @@ _NOT_A_PROVIDER = {"vms", "gpu", "gpus", "csv", "catalog", "catalogs", "v8", "v7
 def provider_of(path: str | Path) -> str:
     """The provider a file belongs to, from its name: a known provider named anywhere in the
     path (``aws_gpu_vms.csv``, ``gcp/vms.csv``), else the name SkyPilot's layout gives it
-    (``hyperstack/vms.csv``, ``hyperstack_vms.csv``)."""
+    (``catalogs/v8/hyperstack/vms.csv``, ``hyperstack_vms.csv``)."""
     parts: list[str] = [p.lower() for p in re.split(r"[\\/_.\-\s]+", str(path)) if p]
     for p in reversed(parts):
         if p in PROVIDERS:
             return p
     file = Path(path)
     stem = file.stem.lower()
-    guess = (file.parent.name.lower() if stem == "vms" else
+    # SkyPilot keeps catalogs/v8/<cloud>/vms.csv; a file named <cloud>_vms.csv names it too.
+    in_layout = stem == "vms" and re.fullmatch(r"v\d+", file.parent.parent.name) is not None
+    guess = (file.parent.name.lower() if in_layout else
              stem.split("_", 1)[0] if stem.endswith("vms") and "_" in stem else "")
     if _PROVIDER_NAME.fullmatch(guess) and guess not in _NOT_A_PROVIDER:
         return guess
