@@ -33,6 +33,15 @@ ASSUMPTION_NOTE = "availability is an assumption"
 """How the note of a catalog whose offers' availability is assumed begins."""
 
 
+def assumption_note(per: int, *, own_counts: bool) -> str:
+    """The catalog note that availability is assumed (``per`` GPUs per offer); with
+    ``own_counts``, some offers state their own (a marketplace's listed hosts)."""
+    return (f"{ASSUMPTION_NOTE}: {per} GPUs per offer (whole instances)"
+            + (" unless the offer states its own (a marketplace's listed hosts)"
+               if own_counts else "")
+            + "; give your quotas with --quota or --max-instances")
+
+
 def without_stale_assumption(notes: Sequence[str], rows: Sequence[GpuType]) -> tuple[str, ...]:
     """``notes`` without the availability assumption once no row's count is assumed any more
     (a quota or a cap replaced every one), so the output never contradicts itself."""
@@ -259,10 +268,7 @@ class Catalog:
         specs = SpecTable.builtin()
         notes = (f"SkyPilot catalog: {', '.join(map(str, items))} ({len(read.offers)} offers "
                  f"from {read.rows} GPU rows)",
-                 f"{ASSUMPTION_NOTE}: {per} GPUs per offer (whole instances)"
-                 + (" unless the offer states its own (a marketplace's listed hosts)"
-                    if any(o.availability for o in read.offers) else "")
-                 + "; give your quotas with --quota or --max-instances",
+                 assumption_note(per, own_counts=any(o.availability for o in read.offers)),
                  *read.summary())
         rows = [o.resolve(specs, network_gbs=network_gbs,
                           availability=ASSUMED.replace("32", str(per)))

@@ -47,6 +47,10 @@ def price_notes(catalog: Any) -> dict[str, str]:
     peers: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for g in rows:
         peers[(g.model, g.market)][g.provider or ""].append(g.price_per_hour)
+    # Each provider's median once per (GPU, market); a row recomputes only its own
+    # provider's, without itself.
+    medians = {key: {prov: statistics.median(v) for prov, v in by.items()}
+               for key, by in peers.items()}
     by_name = {g.name: g for g in rows}
     out: dict[str, str] = {}
     for g in rows:
@@ -54,11 +58,14 @@ def price_notes(catalog: Any) -> dict[str, str]:
         if p <= 0:
             continue
         said = []
-        by_provider = {k: list(v) for k, v in peers[(g.model, g.market)].items()}
-        by_provider[g.provider or ""].remove(p)
-        others = [x for v in by_provider.values() for x in v]
-        if len(others) >= MIN_PEERS:
-            typical = [statistics.median(v) for v in by_provider.values() if v]
+        key, own = (g.model, g.market), g.provider or ""
+        mine = list(peers[key][own])
+        mine.remove(p)
+        n_others = sum(len(v) for v in peers[key].values()) - 1
+        if n_others >= MIN_PEERS:
+            typical = [m for prov, m in medians[key].items() if prov != own]
+            if mine:
+                typical.append(statistics.median(mine))
             # (the lower median: between two providers, the cheaper one's price is typical)
             med = statistics.median(typical) if len(typical) == 1 else \
                 statistics.median_low(typical)
@@ -66,7 +73,7 @@ def price_notes(catalog: Any) -> dict[str, str]:
                 what = (f"the median ({_usd(med)})" if len(typical) == 1 else
                         f"the typical price ({_usd(med)}: the median of {len(typical)} "
                         "providers' medians)")
-                said.append(f"{p / med:.2f}x {what} of {len(others)} other {g.model} "
+                said.append(f"{p / med:.2f}x {what} of {n_others} other {g.model} "
                             f"{g.market} offers")
         if g.market == "spot" and g.name.endswith(SPOT_SUFFIX):
             base = by_name.get(g.name.removesuffix(SPOT_SUFFIX))

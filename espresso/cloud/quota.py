@@ -65,7 +65,17 @@ def vcpus_of(g: GpuType) -> int:
     raise CatalogError(msg)
 
 
-def _limits(catalog: Catalog, entries: Any) -> dict[str, tuple[str, float, float, str]]:
+def _values(g: GpuType) -> dict[str, str]:
+    """What a quota entry's patterns match a row by (``_FIELDS``)."""
+    return {"provider": g.provider or "", "region": g.region or "",
+            "instance_type": g.instance_type or g.name, "gpu": g.model, "market": g.market}
+
+
+def _matches(values: dict[str, str], pats: dict[str, str]) -> bool:
+    return all(fnmatch.fnmatchcase(values[f], p) for f, p in pats.items())
+
+
+def _limits(rows: list[GpuType], entries: Any) -> dict[str, tuple[str, float, float, str]]:
     """Row name -> (pool name, units per instance, pool limit, words) for the rows the
     ``limits:`` entries cover (the first matching entry wins; one pool per region)."""
     if not isinstance(entries, list):
@@ -91,12 +101,10 @@ def _limits(catalog: Catalog, entries: Any) -> dict[str, tuple[str, float, float
         rules.append((i, pats, family, unit, cap))
     out: dict[str, tuple[str, float, float, str]] = {}
     used = set()
-    for g in catalog.gpus:
-        values = {"provider": g.provider or "", "region": g.region or "",
-                  "instance_type": g.instance_type or g.name, "gpu": g.model,
-                  "market": g.market}
+    for g in rows:
+        values = _values(g)
         for i, pats, family, unit, cap in rules:
-            if not all(fnmatch.fnmatchcase(values[f], p) for f, p in pats.items()):
+            if not _matches(values, pats):
                 continue
             if family is not None and not any(fnmatch.fnmatchcase(values["instance_type"], p)
                                               for p in FAMILIES[family]):
@@ -170,11 +178,9 @@ def apply_quota(catalog: Catalog, quota: Any) -> Catalog:
     used = set()
     rows = []
     for g in catalog.gpus:
-        values = {"provider": g.provider or "", "region": g.region or "",
-                  "instance_type": g.instance_type or g.name, "gpu": g.model,
-                  "market": g.market}
+        values = _values(g)
         for pats, sets, i in rules:
-            if all(fnmatch.fnmatchcase(values[f], p) for f, p in pats.items()):
+            if _matches(values, pats):
                 row = g
                 if "instances" in sets:
                     row = _set_instances(g, sets["instances"], f"quota file entry {i + 1} ("
@@ -193,7 +199,7 @@ def apply_quota(catalog: Catalog, quota: Any) -> Catalog:
                f"({entries[unused[0]]!r}); check the provider, region and instance type")
         raise CatalogError(msg)
     if "limits" in data:
-        pools = _limits(Catalog(gpus=tuple(rows), notes=catalog.notes), data["limits"])
+        pools = _limits(rows, data["limits"])
         rows = [g if g.name not in pools else _pooled(g, *pools[g.name]) for g in rows]
     notes = [*without_stale_assumption(catalog.notes, rows),
              "availability from a quota file" + (f" (default {default} instances)"

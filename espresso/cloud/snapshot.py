@@ -31,6 +31,7 @@ from importlib import resources
 from pathlib import Path
 
 from .. import _io
+from ..catalog import assumption_note
 from ..errors import CatalogError
 from .skypilot import DEFAULT_GPUS_PER_OFFER, PROVIDERS, read_skypilot
 
@@ -58,9 +59,8 @@ def build(paths: list[str], date: str, sources: list[str]) -> dict[str, object]:
     read = read_skypilot(paths)
     notes = [
         f"snapshot of SkyPilot catalogs (v8) taken {date}: {'; '.join(sources)}",
-        f"availability is an assumption: {DEFAULT_GPUS_PER_OFFER} GPUs per offer (whole "
-        "instances) unless the offer states its own (a marketplace's listed hosts); give your "
-        "quotas with --quota or --max-instances",
+        assumption_note(DEFAULT_GPUS_PER_OFFER,
+                        own_counts=any(o.availability for o in read.offers)),
     ]
     return {"notes": notes, "offers": [o.to_dict() for o in read.offers],
             "skipped": read.summary()}
