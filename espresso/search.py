@@ -682,15 +682,20 @@ def _find_twins(tasks: list[Task], *, by_price: bool = True) -> None:
     earlier task may hold more rows (a region that offers a subset of another's). The
     synthetic and real catalogs that repeat a region's offers at higher prices, or a part
     of them, are the case. ``by_price=False`` (the fastest plan without a budget, where
-    prices play no part): prices are not compared. Subproblems that span locations
-    (transfer prices) are left alone."""
+    prices play no part): prices are not compared. A subproblem that spans locations is
+    searched with every link capped at its crossing's and every boundary paying its transfer
+    price, wherever its rows are, so it pairs only with another of the same crossing (the
+    key's first part) and its zones play no part. The bound it takes from its twin leaves
+    out the twin's plans in one location (dropped: their own subproblem prices them); a plan
+    of it that maps onto one of those costs at least that plan, which that location's
+    subproblem holds at no more cost, so the bound of the whole stays true."""
     rows_of: dict[int, _Rows] = {}
     # earlier tasks by (crossing, shape) that they offer, in order: the candidates of a task
     # are those offering its rarest shape
     having: dict[tuple[Any, ...], list[int]] = {}
     for i, task in enumerate(tasks):
         sp, specs = task.payload.sp, task.payload.specs
-        if sp.spans or any(s.pool >= 0 for s in specs):
+        if any(s.pool >= 0 for s in specs):
             continue  # (shared limits: a row's count alone does not say what it can have)
         rows: _Rows = {}
         for s in specs:

@@ -473,6 +473,69 @@ def test_subset_twin_regions_equal_brute_force(seed: int) -> None:
     assert r.plans[0].estimate.total_hours == pytest.approx(expected, rel=1e-9), plan  # type: ignore[union-attr]
 
 
+def zoned_twin_regions(seed: int) -> tuple[es.Job, es.Catalog]:
+    """Region r1's offers in two zones (one instance each, so that a plan often needs both
+    zones), repeated in r2 with each zone's offers at prices no lower and counts no higher
+    (r2's zones and r2 across zones: twins of r1's), and in r3 at prices each up or down
+    (no twin). The plans that span zones pay the crossing (aws: links capped, transfer per
+    GB)."""
+    rng = random.Random(seed)
+    model = es.ModelSpec(name=f"z{seed}", num_layers=rng.randint(4, 6), hidden_size=384,
+                         num_heads=8, num_kv_heads=8, ffn_hidden_size=768, vocab_size=1000)
+    base = es.Catalog.builtin("gpus")
+    offers = []
+    for i in range(rng.randint(3, 5)):
+        g = base[rng.choice(["A100-80GB", "L4", "H100-SXM"])]
+        n = rng.choice([1, 1, 2])
+        price = round(g.price_per_hour * n * rng.uniform(0.5, 2), 3)
+        r1 = {"provider": "aws", "region": "r1", "instance_type": f"t{i}", "gpu": g.name,
+              "gpus_per_instance": n, "price_per_hour": price, "instances": 1,
+              "network_gbs": rng.choice([10, 100]), "zones": ["ab"[i % 2]]}
+        offers.append(r1)
+        offers.append({**r1, "region": "r2",
+                       "price_per_hour": round(price * rng.choice([1.0, 1.1, 1.3]), 3)})
+        offers.append({**r1, "region": "r3",
+                       "price_per_hour": round(price * rng.uniform(0.7, 1.3), 3)})
+    return _small_job(rng, model, offers, batch=2, factors=(1.0, 1.0 + 1e-9, 1.1, 2.0))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_twin_domains_across_zones(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A region's domain across zones whose offers map into another region's (same crossing)
+    is settled by that one's search: the answer is the one without the twin rule, and the
+    search of r2 across zones is left out when r1's was complete (on one thread, r1's bound
+    comes first)."""
+    job, cat = zoned_twin_regions(seed)
+    for objective in ("cost", "time"):
+        kw = {**SMALL, "objective": objective}
+        r = es.search(job, cat, max_stages=2, **kw)  # type: ignore[arg-type]
+        with monkeypatch.context() as m:
+            m.setattr(search_module, "_find_twins", lambda tasks, by_price=True: None)
+            plain = es.search(job, cat, max_stages=2, **kw)  # type: ignore[arg-type]
+        assert r.stats.complete and plain.stats.complete
+        assert [p.estimate.total_usd for p in r.plans] == pytest.approx(  # type: ignore[union-attr]
+            [p.estimate.total_usd for p in plain.plans], rel=1e-9)
+        assert [p.estimate.total_hours for p in r.plans] == pytest.approx(  # type: ignore[union-attr]
+            [p.estimate.total_hours for p in plain.plans], rel=1e-9)
+        assert r.stats.subproblems_searched <= plain.stats.subproblems_searched
+
+
+def test_twin_domain_across_zones_is_found() -> None:
+    """The twin of a domain across zones is marked: r2 across zones maps into another
+    region's domain across zones (same crossing, rows priced no lower), never into a
+    zone's domain."""
+    job, cat = zoned_twin_regions(3)
+    table = search_module.Table(cat, job.model, COST, {})
+    tasks, _, _ = search_module._tasks(job, table, "region", by_cost=True,
+                                       cut_deadline=False, stopped=lambda: False)
+    label = {n: t.payload.sp.label for n, t in enumerate(tasks)}
+    twins = {label[n]: label[t.twin] for n, t in enumerate(tasks) if t.twin is not None}
+    assert "aws/r2 (across zones) [NVIDIA]" in label.values()
+    assert twins.get("aws/r2 (across zones) [NVIDIA]") in ("aws/r1 (across zones) [NVIDIA]",
+                                                           "aws/r3 (across zones) [NVIDIA]")
+    assert all(("across" in a) == ("across" in b) for a, b in twins.items())
+
+
 def test_twin_rows_map_one_to_one() -> None:
     """The twin test pairs each row with its own row of the earlier region, priced no higher
     and counted no lower; a row of the earlier region serves one row only."""
