@@ -7,6 +7,7 @@ import importlib
 import json
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ a2-highgpu-8g,96.0,680.0,,,,us-central1,us-central1-a,5.91582,2.958
 ,,,A100,8,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 40960}}]},us-central1,us-central1-a,23.47126,7.0
 ,,,A100,8,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 40960}}]},us-central1,us-central1-b,23.47126,7.0
 ,,,T4,4,,us-central1,us-central1-a,1.4,0.5
+,,,T4,8,,us-central1,us-central1-a,2.8,1.0
 """
 
 
@@ -78,8 +80,10 @@ def test_skypilot_rows_become_offers(sky: dict[str, Path]) -> None:
     assert "fractional or missing GPU count" in skipped
     assert len(skipped["accelerator without a GPU spec"]) == 2  # Radeon Pro V520, GH200
     assert "no on-demand price" in skipped  # the p5e row
-    assert "GCP host machine price unknown" in skipped
-    assert "GCP accelerator without a fixed host machine type" in skipped  # T4 on n1
+    # 4 x T4 go on an n1-highmem-16, whose price this file lacks; no host takes 8 T4s.
+    assert any("T4" in w for w in skipped["GCP host machine price unknown"])
+    assert [w for w in skipped["GCP accelerator without a fixed host machine type"]] == [
+        "gcp_vms.csv:6 T4 (accelerator) us-central1"]
 
 
 def test_gcp_l4_is_priced_with_its_g2_host(tmp_path: Path) -> None:
@@ -101,6 +105,47 @@ def test_gcp_l4_is_priced_with_its_g2_host(tmp_path: Path) -> None:
     assert one.spot_price_per_hour == pytest.approx(0.2231 + 0.05874)
     assert eight.gpus_per_instance == 8
     assert eight.price_per_hour == pytest.approx(4.48032 + 3.52301)
+
+
+GCP_N1 = (
+    "InstanceType,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,GpuInfo,Region,"
+    "AvailabilityZone,Price,SpotPrice\n"
+    ",,,T4,1,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 16384}}]},us-central1,us-central1-a,"
+    "0.35,0.175\n"
+    ",,,V100,8,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 16384}}]},us-central1,us-central1-a,"
+    "19.84,9.1664\n"
+    ",,,P100,1,{'Gpus': [{'MemoryInfo': {'SizeInMiB': 16384}}]},us-central1,us-central1-c,"
+    "1.46,0.6699\n")
+"""Verbatim rows of the shared GCP file (accelerators priced without their N1 host)."""
+
+
+def test_gcp_attached_gpus_are_priced_with_an_n1_host(tmp_path: Path) -> None:
+    """T4, V100 and P100 rows become offers on the cheapest N1 high-memory machine whose
+    memory holds their GPUs', named host+accelerator (one host serves several GPU models),
+    priced with the host from espresso/data/gcp_hosts.csv (issue 30)."""
+    f = tmp_path / "gcp_vms.csv"
+    f.write_text(GCP_N1)
+    read = read_skypilot([f])
+    by_key = {o.key: o for o in read.offers}
+    t4, v100 = by_key["gcp/us-central1/n1-highmem-4+T4"], by_key["gcp/us-central1/n1-highmem-32+V100"]
+    p100 = by_key["gcp/us-central1/n1-highmem-4+P100"]
+    # us-central1: n1-highmem-4 $0.23661 (spot 0.07183), n1-highmem-32 $1.89285 (0.57464).
+    assert (t4.gpu, t4.gpus_per_instance) == ("T4", 1)
+    assert t4.price_per_hour == pytest.approx(0.35 + 0.23661)
+    assert t4.spot_price_per_hour == pytest.approx(0.175 + 0.07183)
+    assert (v100.gpu, v100.gpus_per_instance) == ("V100-16GB", 8)
+    assert v100.price_per_hour == pytest.approx(19.84 + 1.89285)
+    assert (p100.gpu, p100.price_per_hour) == ("P100", pytest.approx(1.46 + 0.23661))
+    assert not read.skipped
+    # Not bf16 GPUs: a bf16 job leaves them out, an fp16 job plans on them.
+    cat = es.Catalog.from_skypilot([f])
+    model = _tiny_model("n1", 4)
+    bf16 = es.Job(model=model, seq_len=256, global_batch_size=8, iterations=100,
+                  deadline_hours=100)
+    with pytest.raises(es.SpecError, match="bf16"):
+        es.plan(bf16, cat, time_limit_s=10)
+    fp16 = es.plan(replace(bf16, precision="fp16"), cat, time_limit_s=10)
+    assert {s.offer for s in fp16.stages} <= set(by_key)
 
 
 def test_skypilot_filters_and_errors(sky: dict[str, Path], tmp_path: Path) -> None:

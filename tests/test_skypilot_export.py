@@ -267,3 +267,26 @@ def test_skypilot_loads_every_exported_task(tmp_path: Path) -> None:
         os.chdir(cwd)
     assert tiers and all("best" in t.lower() for t in tiers)
     assert json.loads((tmp_path / "plan.json").read_text())["schema"] == "espresso.plan/1"
+
+
+def test_gpus_attached_to_an_n1_host_export_as_machine_and_accelerators(tmp_path: Path) -> None:
+    """An offer of GPUs attached to a GCP N1 host (``n1-highmem-4+T4``) exports as SkyPilot
+    asks for it: the host machine as the instance type and the GPUs as accelerators."""
+    from test_cloud import GCP_N1
+
+    f = tmp_path / "gcp_vms.csv"
+    f.write_text(GCP_N1)
+    cat = es.Catalog.from_skypilot([f])
+    model = es.ModelSpec(name="n1", num_layers=4, hidden_size=256, num_heads=8,
+                         num_kv_heads=8, ffn_hidden_size=512, vocab_size=1000)
+    job = es.Job(model=model, seq_len=256, global_batch_size=8, iterations=100,
+                 deadline_hours=100, precision="fp16")
+    plan = es.plan(job, cat, time_limit_s=10)
+    export(plan, tmp_path / "out", **TRAIN)
+    est = plan.estimate
+    assert est is not None
+    for i, r in enumerate(est.rent):
+        res = yaml.safe_load((tmp_path / "out" / f"group{i}.yaml").read_text())["resources"]
+        host, acc = str(r["instance_type"]).split("+")
+        assert res["instance_type"] == host and host.startswith("n1-highmem-")
+        assert res["accelerators"] == f"{acc}:{int(r['gpus']) // int(r['instances'])}"

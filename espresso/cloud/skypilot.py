@@ -9,9 +9,10 @@ with the reason, never guessed: unknown accelerators, fractional GPUs, rows with
 GCP accelerators without a fixed host machine or without the host's price.
 
 GCP lists GPUs as accelerator rows priced without their VM; the VM (a2/a3/g2 machine types
-that fix the GPU count; one L4 takes the smallest, g2-standard-4) is priced from the file's
-own host rows when it has them (a full ``vms.csv``), else from ``espresso/data/gcp_hosts.csv``
-(a dated copy of those rows).
+that fix the GPU count; one L4 takes the smallest, g2-standard-4; T4, V100 and P100 an N1
+high-memory machine whose memory holds the GPUs', named ``n1-highmem-4+T4``) is priced from
+the file's own host rows when it has them (a full ``vms.csv``), else from
+``espresso/data/gcp_hosts.csv`` (a dated copy of those rows).
 """
 
 from __future__ import annotations
@@ -235,6 +236,23 @@ _GCP_MACHINES = {
     "L4": {1: "g2-standard-4", 2: "g2-standard-24", 4: "g2-standard-48", 8: "g2-standard-96"},
 }
 
+# GPUs attached to an N1 machine of the user's choice: the host taken is the cheapest N1
+# high-memory machine whose memory holds its GPUs' (the host-size rule of
+# _other_host_sizes; GPU memory 8-16 GB each). The offer's instance type names the host and
+# SkyPilot's accelerator name ("n1-highmem-4+T4"): one host serves several GPU models.
+_GCP_N1_HOSTS = {
+    "T4": {1: "n1-highmem-4", 2: "n1-highmem-8", 4: "n1-highmem-16"},
+    "V100": {1: "n1-highmem-4", 2: "n1-highmem-8", 4: "n1-highmem-16", 8: "n1-highmem-32"},
+    "P100": {1: "n1-highmem-4", 2: "n1-highmem-8", 4: "n1-highmem-16"},
+}
+
+
+def gcp_attached(instance_type: str) -> tuple[str, str] | None:
+    """(host machine, SkyPilot accelerator name) of an offer whose GPUs are attached to an
+    N1 host (``n1-highmem-4+T4``), else None."""
+    host, sep, acc = instance_type.partition("+")
+    return (host, acc) if sep and host.startswith("n1-") and acc else None
+
 
 @cache
 def _builtin_gcp_hosts() -> dict[tuple[str, str], tuple[float, float | None]]:
@@ -323,10 +341,14 @@ def read_skypilot(paths: Sequence[str | Path], *, specs: SpecTable | None = None
                 continue
             if provider == "gcp" and not it:
                 it = _GCP_MACHINES.get(acc, {}).get(n, "")
+                machine = it
+                if not it and n in _GCP_N1_HOSTS.get(acc, {}):
+                    machine = _GCP_N1_HOSTS[acc][n]
+                    it = f"{machine}+{acc}"
                 if not it:
                     out.skip("GCP accelerator without a fixed host machine type", where)
                     continue
-                host = hosts.get((it, zone or region))
+                host = hosts.get((machine, zone or region))
                 if host is None:
                     out.skip("GCP host machine price unknown", where)
                     continue

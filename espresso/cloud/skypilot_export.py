@@ -28,6 +28,7 @@ from ..errors import PlanError
 from ..plan import Plan
 from ..runner.launch import Host, NodeAssignment, assign_hosts, node_command
 from .networks import network_for
+from .skypilot import gcp_attached
 
 CHECKPOINT_MOUNT = "/checkpoints"
 MASTER_FILE = f"{CHECKPOINT_MOUNT}/espresso/master-addr"
@@ -256,6 +257,11 @@ def task(plan: Plan, group: NodeGroup, nodes: list[NodeAssignment], *, run: Node
     resources: dict[str, Any] = {"cloud": group.provider, "region": group.region,
                                  "instance_type": group.instance_type,
                                  "use_spot": group.spot}
+    attached = gcp_attached(group.instance_type) if group.provider == "gcp" else None
+    if attached is not None:
+        # GPUs attached to an N1 host: SkyPilot takes the machine and the accelerators apart.
+        resources["instance_type"] = attached[0]
+        resources["accelerators"] = f"{attached[1]}:{group.gpus_per_instance}"
     if group.zone and group.zone.startswith(group.region):
         resources["zone"] = group.zone  # a zone name (not an AZ id such as use1-az6)
     if fast_network:
