@@ -321,7 +321,10 @@ def test_ctrl_c_stops_a_run_without_a_traceback(tmp_path: Path) -> None:
         p = subprocess.Popen([sys.executable, "-m", "espresso.cli", "bench", "run", str(suite),
                               "--out", str(out), "--jobs", "2", "--no-plots", "--resume"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
+                             start_new_session=True,
+                             # (SIGINT as at a terminal, even when the suite runs in the
+                             # background of a shell that ignores it there)
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         time.sleep(wait_s)
         os.killpg(p.pid, signal.SIGINT)
         text, _ = p.communicate(timeout=120)

@@ -90,12 +90,23 @@ def test_the_guard_in_process(monkeypatch: pytest.MonkeyPatch,
     assert str(err) == "cannot write to standard output: input/output error"
 
 
+def _sigint_default() -> None:
+    # A suite started in the background of a shell without job control inherits SIGINT
+    # ignored, and so would the command: it would never see the Ctrl-C sent below.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(argv: list[str], after_s: float) -> tuple[int, str]:
     p = subprocess.Popen([*CLI, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True)
-    time.sleep(after_s)
-    p.send_signal(signal.SIGINT)
-    out, _ = p.communicate(timeout=120)
+                         text=True, preexec_fn=_sigint_default)
+    try:
+        time.sleep(after_s)
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:  # (a failed test leaves no command running behind it)
+            p.kill()
+            p.communicate()
     return p.returncode, out
 
 
