@@ -233,6 +233,11 @@ bool Tree::prepare_combos(Stopwatch& sw) {
                     }
                     // Each GPU group of an interleaved plan holds at least v blocks.
                     c.max_stages = std::min(c.max_stages, model_.num_layers / v);
+                    // A pass over the deeper allocations only (covered_depth): a combination
+                    // that cannot go deeper than what is covered has nothing to add (its root
+                    // would have no completion and no allocation of its own), so its tables
+                    // are not built. (The prototype's instance: 22 of 116 are left.)
+                    if (opt_.covered_depth > 0 && c.max_stages <= opt_.covered_depth) continue;
                     c.kin = c.work.schedule == Schedule::GPipe
                                 ? 1
                                 : std::max<std::int64_t>(1, std::min(std::min(opt_.max_stages, model_.num_layers),
