@@ -245,6 +245,12 @@ bool Tree::prepare_combos(Stopwatch& sw) {
                     for (const std::int64_t t : order_) {
                         if (sw.expired(16)) return false;
                         const auto st = static_cast<std::size_t>(t);
+                        const std::size_t nw = widths_[st].size();
+                        c.max_layers[st].reserve(nw);
+                        c.max_layers_k[st].reserve(nw);
+                        c.block_s[st].reserve(nw);
+                        c.head_s[st].reserve(nw);
+                        c.unit_s[st].reserve(nw);
                         for (const std::int64_t w : widths_[st]) {
                             const FitKey key{static_cast<int>(rc), b, dp, static_cast<int>(sh), v, st, w};
                             const StageFit f = fit_of(key, c, st, w);

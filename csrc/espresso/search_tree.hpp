@@ -8,8 +8,9 @@
 // no better than an earlier one that still has room for all of its stages).
 #pragma once
 
-#include <map>
+#include <functional>
 #include <tuple>
+#include <unordered_map>
 
 #include <atomic>
 #include <cstddef>
@@ -36,7 +37,22 @@ struct StageFit {
 };
 // (recompute, micro-batch, dp, sharding, virtual stages, type, width)
 using FitKey = std::tuple<int, std::int64_t, std::int64_t, int, std::int64_t, std::size_t, std::int64_t>;
-using FitCache = std::map<FitKey, StageFit>;
+// A hash of the key's fields (boost's combine): a lookup per stage fit, thousands per search.
+struct FitKeyHash {
+    std::size_t operator()(const FitKey& k) const {
+        std::size_t h = 0;
+        auto mix = [&h](std::uint64_t v) { h ^= std::hash<std::uint64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+        mix(static_cast<std::uint64_t>(std::get<0>(k)));
+        mix(static_cast<std::uint64_t>(std::get<1>(k)));
+        mix(static_cast<std::uint64_t>(std::get<2>(k)));
+        mix(static_cast<std::uint64_t>(std::get<3>(k)));
+        mix(static_cast<std::uint64_t>(std::get<4>(k)));
+        mix(static_cast<std::uint64_t>(std::get<5>(k)));
+        mix(static_cast<std::uint64_t>(std::get<6>(k)));
+        return h;
+    }
+};
+using FitCache = std::unordered_map<FitKey, StageFit, FitKeyHash>;
 
 class Tree : public Bounds {
 public:
