@@ -41,14 +41,10 @@ using FitKey = std::tuple<int, std::int64_t, std::int64_t, int, std::int64_t, st
 struct FitKeyHash {
     std::size_t operator()(const FitKey& k) const {
         std::size_t h = 0;
-        auto mix = [&h](std::uint64_t v) { h ^= std::hash<std::uint64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
-        mix(static_cast<std::uint64_t>(std::get<0>(k)));
-        mix(static_cast<std::uint64_t>(std::get<1>(k)));
-        mix(static_cast<std::uint64_t>(std::get<2>(k)));
-        mix(static_cast<std::uint64_t>(std::get<3>(k)));
-        mix(static_cast<std::uint64_t>(std::get<4>(k)));
-        mix(static_cast<std::uint64_t>(std::get<5>(k)));
-        mix(static_cast<std::uint64_t>(std::get<6>(k)));
+        std::apply([&h](auto... f) {
+            ((h ^= std::hash<std::uint64_t>{}(static_cast<std::uint64_t>(f)) +
+                   0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2)), ...);
+        }, k);
         return h;
     }
 };

@@ -247,6 +247,17 @@ _GCP_N1_HOSTS = {
 }
 
 
+def _gcp_host(acc: str, n: int) -> tuple[str, str]:
+    """(host machine, offer's instance type) of ``n`` GCP accelerators ``acc``: the machine
+    type that fixes them, or an N1 host with them attached (:func:`gcp_attached` reads the
+    name back); ("", "") when neither holds them."""
+    fixed = _GCP_MACHINES.get(acc, {}).get(n, "")
+    if fixed:
+        return fixed, fixed
+    n1 = _GCP_N1_HOSTS.get(acc, {}).get(n, "")
+    return (n1, f"{n1}+{acc}") if n1 else ("", "")
+
+
 def gcp_attached(instance_type: str) -> tuple[str, str] | None:
     """(host machine, SkyPilot accelerator name) of an offer whose GPUs are attached to an
     N1 host (``n1-highmem-4+T4``), else None."""
@@ -340,11 +351,7 @@ def read_skypilot(paths: Sequence[str | Path], *, specs: SpecTable | None = None
                 out.skip("no on-demand price", where)
                 continue
             if provider == "gcp" and not it:
-                it = _GCP_MACHINES.get(acc, {}).get(n, "")
-                machine = it
-                if not it and n in _GCP_N1_HOSTS.get(acc, {}):
-                    machine = _GCP_N1_HOSTS[acc][n]
-                    it = f"{machine}+{acc}"
+                machine, it = _gcp_host(acc, n)
                 if not it:
                     out.skip("GCP accelerator without a fixed host machine type", where)
                     continue
