@@ -57,6 +57,11 @@ class Task:
     """An earlier task (index) onto whose plans every plan of this one maps at no more cost
     and no more time (the same offers, each priced no lower and counted no higher): once
     that one is searched to the end, this one cannot improve on it (docs/search.md)."""
+    shadow: int | None = None
+    """An earlier task onto whose plans every plan of this one maps in no more time, at any
+    price (the same offers, each counted no higher): when that one is searched to the end
+    with no plan while no plan is known anywhere, none meets the deadline, and this one
+    holds none either (the cost objective, where prices do not decide feasibility)."""
 
 
 @dataclass(slots=True)
@@ -141,6 +146,7 @@ class Scheduler:
     """Lower bounds of tasks whose twin was searched to the end (top_k = 1)."""
     _running: set[int] = field(default_factory=set)
     _twins: dict[int, list[int]] = field(default_factory=dict)
+    _shadows: dict[int, list[int]] = field(default_factory=dict)
     _open: dict[int, float] = field(default_factory=dict)
     """Lower bounds of the tasks whose last search was cut short."""
     _crews: dict[int, Any] = field(default_factory=dict)
@@ -169,6 +175,8 @@ class Scheduler:
             for n, t in enumerate(self.tasks):
                 if t.twin is not None:
                     self._twins.setdefault(t.twin, []).append(n)
+                if t.shadow is not None:
+                    self._shadows.setdefault(t.shadow, []).append(n)
         self._probe_pass(live)
         self._first_pass(live)
         self._second_pass()
@@ -274,23 +282,28 @@ class Scheduler:
         queue = collections.deque(live)
         qlock = threading.Lock()
         begun = [0]  # tasks taken from the queue
-        deferred: set[int] = set()  # put back once behind the others while their twin ran
 
         def work(threads_each: int) -> None:
             while True:
                 with qlock:
                     if not queue:
                         return
-                    n = queue.popleft()
-                    twin = self.tasks[n].twin
-                    if twin is not None and twin in self._running and queue and n not in deferred:
-                        # Its twin's search, under way, will likely settle it: later.
-                        deferred.add(n)
-                        queue.append(n)
-                        continue
-                    remaining = len(queue) + 1
-                    lead = begun[0] < workers  # among the most promising: one per worker
-                    begun[0] += 1
+                    # A task whose twin's search is under way waits: that search will likely
+                    # settle it. The first task not waiting is taken; when every task waits,
+                    # this worker helps the search of the first one's twin, then looks again.
+                    with self._lock:
+                        waits = [self._settler(m) for m in queue]
+                    free = next((i for i, w in enumerate(waits) if w is None), None)
+                    helped = waits[0] if free is None else None
+                    if helped is None:
+                        n = queue[free or 0]
+                        del queue[free or 0]
+                        remaining = len(queue) + 1
+                        lead = begun[0] < workers  # among the most promising: one per worker
+                        begun[0] += 1
+                if helped is not None:
+                    helped.help()  # returns once that search has ended
+                    continue
                 if self._cut(n) or self._behind_twin(n):
                     continue
                 if self.stopped():
@@ -375,6 +388,35 @@ class Scheduler:
         less the gap."""
         return self._kth() * (1 - self.gap)
 
+    def _settle(self, n: int, floor: float, *, none_meets: bool) -> None:
+        """Task ``n`` holds no plan below ``floor``; with ``none_meets``, none that meets the
+        deadline. So its twins hold none below ``floor`` either, its shadows none at all
+        when none meets, and so on down their own twins and shadows. Called under the
+        lock."""
+        work = [(x, floor) for x in self._twins.get(n, ())]
+        if none_meets:
+            work += [(x, math.inf) for x in self._shadows.get(n, ())]
+        while work:
+            x, at = work.pop()
+            if self._floor.get(x, -math.inf) >= at:
+                continue
+            self._floor[x] = at
+            if x in self._pending:
+                self._pending[x] = max(self._pending[x], at)
+            work += [(y, at) for y in self._twins.get(x, ())]
+            if math.isinf(at) and none_meets:
+                work += [(y, at) for y in self._shadows.get(x, ())]
+
+    def _settler(self, n: int) -> Any:
+        """The crew of a running search that will likely settle task ``n`` (its twin's, or
+        its shadow's while no plan is known), else None. Called under the lock."""
+        t = self.tasks[n]
+        if t.twin in self._running:
+            return self._crews.get(t.twin)  # type: ignore[arg-type]
+        if t.shadow in self._running and math.isinf(self._kth()):
+            return self._crews.get(t.shadow)  # type: ignore[arg-type]
+        return None
+
     def _settled_by_twin(self, n: int) -> bool:
         """Its twin was searched to the end: it holds no plan better than the k-th best
         (ties go to the twin, earlier in the order, as the plans' keys say anyway)."""
@@ -437,6 +479,8 @@ class Scheduler:
             with self._lock:
                 self._running.discard(n)
                 self._crews.pop(n, None)
+            if crew is not None:
+                crew.finish()  # (the core did already, unless the search never began)
         st = solved.stats
         with self._lock:
             self._saw(began, solved)
@@ -445,10 +489,7 @@ class Scheduler:
                 # Its optimum, or at least the incumbent it was searched under: a bound on
                 # every twin of it.
                 floor = min([incumbent, *(key[0] for key, _ in solved.plans)])
-                for x in self._twins.get(n, ()):
-                    self._floor[x] = max(self._floor.get(x, -math.inf), floor)
-                    if x in self._pending:
-                        self._pending[x] = max(self._pending[x], floor)
+                self._settle(n, floor, none_meets=not solved.plans and math.isinf(self._kth()))
             for k in self._counters:
                 self._counters[k] += getattr(st, k)
             self._peak = max(self._peak, st.frontier_peak)

@@ -659,7 +659,14 @@ def _tasks(job: Job, table: Table, scope: str, *, by_cost: bool, cut_deadline: b
         if content not in seen:
             seen.add(content)
             tasks.append(task)
-    _find_twins(tasks, by_price=by_price)
+    for task, twin in zip(tasks, _find_twins(tasks, by_price=by_price), strict=True):
+        task.twin = twin
+    if by_cost:
+        # Which plans meet the deadline does not depend on prices: a task whose rows map
+        # into an earlier one's at any price has no plan when that one has none.
+        for task, shadow in zip(tasks, _find_twins(tasks, by_price=False), strict=True):
+            if task.twin is None:
+                task.shadow = shadow
     return tasks, len(prepared), unprepared
 
 
@@ -674,11 +681,12 @@ _SHAPE = ("memory_gb", "memory_bytes", "tflops", "mem_bandwidth_gbs", "intra_nod
 _Rows = dict[tuple[Any, ...], list[tuple[float, int]]]
 
 
-def _find_twins(tasks: list[Task], *, by_price: bool = True) -> None:
-    """Mark each task whose rows map one to one into an earlier task's rows of the same
-    shape (every figure the search uses but price and count), each onto one priced no lower
-    and counted no lower: every plan of it is a plan of the earlier one at no more cost and
-    the same time, so once that one is searched to the end it is settled (Task.twin). The
+def _find_twins(tasks: list[Task], *, by_price: bool = True) -> list[int | None]:
+    """For each task, an earlier task into whose rows its rows map one to one, rows of the
+    same shape (every figure the search uses but price and count), each onto one priced no
+    lower and counted no lower (None: there is none): every plan of it is a plan of the
+    earlier one at no more cost and the same time, so once that one is searched to the end
+    it is settled (Task.twin). The
     earlier task may hold more rows (a region that offers a subset of another's). The
     synthetic and real catalogs that repeat a region's offers at higher prices, or a part
     of them, are the case. ``by_price=False`` (the fastest plan without a budget, where
@@ -693,6 +701,7 @@ def _find_twins(tasks: list[Task], *, by_price: bool = True) -> None:
     # earlier tasks by (crossing, shape) that they offer, in order: the candidates of a task
     # are those offering its rarest shape
     having: dict[tuple[Any, ...], list[int]] = {}
+    twins: list[int | None] = [None] * len(tasks)
     for i, task in enumerate(tasks):
         sp, specs = task.payload.sp, task.payload.specs
         if any(s.pool >= 0 for s in specs):
@@ -708,11 +717,12 @@ def _find_twins(tasks: list[Task], *, by_price: bool = True) -> None:
                 other = rows_of[j]
                 if all(shape in other and _maps_into(mine, other[shape])
                        for shape, mine in rows.items()):
-                    task.twin = j
+                    twins[i] = j
                     break
         rows_of[i] = rows
         for k in keys:
             having.setdefault(k, []).append(i)
+    return twins
 
 
 def _maps_into(mine: list[tuple[float, int]], theirs: list[tuple[float, int]]) -> bool:

@@ -555,7 +555,7 @@ def test_twin_domains_across_zones(seed: int, monkeypatch: pytest.MonkeyPatch) -
         kw = {**SMALL, "objective": objective}
         r = es.search(job, cat, max_stages=2, **kw)  # type: ignore[arg-type]
         with monkeypatch.context() as m:
-            m.setattr(search_module, "_find_twins", lambda tasks, by_price=True: None)
+            m.setattr(search_module, "_find_twins", lambda tasks, by_price=True: [None] * len(tasks))
             plain = es.search(job, cat, max_stages=2, **kw)  # type: ignore[arg-type]
         assert r.stats.complete and plain.stats.complete
         assert [p.estimate.total_usd for p in r.plans] == pytest.approx(  # type: ignore[union-attr]
@@ -579,6 +579,37 @@ def test_twin_domain_across_zones_is_found() -> None:
     assert twins.get("aws/r2 (across zones) [NVIDIA]") in ("aws/r1 (across zones) [NVIDIA]",
                                                            "aws/r3 (across zones) [NVIDIA]")
     assert all(("across" in a) == ("across" in b) for a, b in twins.items())
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_shadow_regions_settle_a_deadline_no_plan_meets(seed: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """r3 repeats r1's offers, its first two 30% cheaper and the others 30% dearer: neither
+    region is the other's twin across zones, but one is the other's shadow (Task.shadow):
+    which plans meet the deadline does not depend on prices. With a deadline no plan meets
+    (a tenth below the fastest plan), the first one's search, ended with no plan while none
+    is known, settles the other unsearched: fewer subproblems searched than with the twins
+    alone, the same proven "no plan"."""
+    job, cat = zoned_twin_regions(seed)
+    r1 = {g.name: g.price_per_hour for g in cat.gpus if g.region == "r1"}
+    cat = es.Catalog(gpus=tuple(
+        replace(g, price_per_hour=round(r1[g.name.replace("/r3/", "/r1/")]
+                                        * (0.7 if int(g.name[-1]) < 2 else 1.3), 4))
+        if g.region == "r3" else g for g in cat.gpus))
+    job = replace(job, deadline_hours=1e6)
+    fastest = es.search(job, cat, objective="time", max_stages=2, **SMALL)  # type: ignore[arg-type]
+    if fastest.plans:  # (else no plan fits in memory at any deadline)
+        hours = fastest.plans[0].estimate.total_hours  # type: ignore[union-attr]
+        job = replace(job, deadline_hours=0.9 * hours)
+    kw = {**SMALL, "threads": 1}
+    r = es.search(job, cat, max_stages=2, **kw)  # type: ignore[arg-type]
+    find_twins = search_module._find_twins
+    with monkeypatch.context() as m:  # the twins as before, no shadows
+        m.setattr(search_module, "_find_twins", lambda tasks, by_price=True: (
+            find_twins(tasks, by_price=True) if by_price else [None] * len(tasks)))
+        plain = es.search(job, cat, max_stages=2, **kw)  # type: ignore[arg-type]
+    assert r.stats.complete and plain.stats.complete and not r.plans and not plain.plans
+    assert r.stats.subproblems_searched < plain.stats.subproblems_searched
 
 
 def test_twin_rows_map_one_to_one() -> None:

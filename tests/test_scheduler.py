@@ -119,12 +119,13 @@ def test_probes_give_the_first_full_search_an_incumbent_and_settle_nothing() -> 
 
 
 class _Crew:
-    """A stand-in for the core's Crew: records its deadlines and who helps, and lets its
-    search end once helped."""
+    """A stand-in for the core's Crew: records its deadlines and who helps, lets its
+    search end once helped, and (as the core's) keeps a helper until the search ends."""
 
     def __init__(self, log: list[tuple[Any, ...]]) -> None:
         self.log = log
         self.helped = threading.Event()
+        self.done = threading.Event()
 
     def share(self, seconds: float) -> None:
         self.log.append((self, "share", seconds))
@@ -135,6 +136,11 @@ class _Crew:
     def help(self) -> None:
         self.log.append((self, "help"))
         self.helped.set()
+        assert self.done.wait(10)
+
+    def finish(self) -> None:
+        self.log.append((self, "finish"))
+        self.done.set()
 
 
 def test_an_idle_worker_lifts_the_shares_and_joins_the_running_search() -> None:
@@ -178,6 +184,58 @@ def test_an_idle_worker_lifts_the_shares_and_joins_the_running_search() -> None:
     assert lifted < log.index((crews["a"], "help"))
     assert [e[0] for e in log if e[1] == "help"] == [crews["a"]]
     assert sched._crews == {}
+
+
+def test_a_shadow_is_settled_only_when_no_plan_meets_the_deadline() -> None:
+    """'c' is a shadow of 'b' (b's offers at other prices, Task.shadow), and 'd' a twin of
+    'c' (c's offers at prices no lower). When b's search ends with no plan while no plan is
+    known anywhere, no plan meets the deadline there, so neither in c nor in d: neither is
+    searched. When b ends with no plan only because 'a' found one first (its plans cost
+    more), c may still hold a cheaper plan and is searched."""
+    tasks = [Task(bound=10.0, payload="b"), Task(bound=20.0, payload="c", shadow=0),
+             Task(bound=30.0, payload="d", twin=1)]
+    out, searched, _ = _run(tasks, {"b": (True, math.inf, None), "c": (True, 40.0, 40.0),
+                                    "d": (True, 45.0, 45.0)})
+    assert searched == ["b"] and out.complete and not out.found
+    # A plan first: b's empty search proves nothing about c's cheaper offers.
+    tasks = [Task(bound=5.0, payload="a"), Task(bound=10.0, payload="b"),
+             Task(bound=20.0, payload="c", shadow=1)]
+    out, searched, _ = _run(tasks, {"a": (True, 100.0, 100.0), "b": (True, 100.0, None),
+                                    "c": (True, 40.0, 40.0)})
+    assert searched == ["a", "b", "c"] and out.complete and out.found[0][0][0] == 40.0
+
+
+def test_a_twin_waits_while_its_twin_runs_and_the_worker_helps_that_search() -> None:
+    """Two workers; 'b' is a twin of 'a' and 'c' is not. The worker that finds 'b' next in
+    the queue while a's search runs takes 'c' first, then, with only 'b' left, joins a's
+    search instead of searching 'b' beside it; a's search, ended with no plan (an
+    infeasibility proof), settles 'b', which is never searched."""
+    tasks = [Task(bound=10.0, payload="a"), Task(bound=20.0, payload="b", twin=0),
+             Task(bound=30.0, payload="c")]
+    log: list[tuple[Any, ...]] = []
+    searched: list[str] = []
+    crews: dict[str, _Crew] = {}
+    c_done = threading.Event()
+
+    def solve(task: Task, limit: float | None, threads: int, incumbent: float,
+              crew: Any = None) -> Solved:
+        searched.append(task.payload)
+        crews[task.payload] = crew
+        if task.payload == "a":
+            assert crew.helped.wait(10)  # the other worker came to help
+            assert c_done.is_set()  # ... after searching c
+        else:
+            c_done.set()
+        return Solved(stats=_stats(complete=True, lower=math.inf), plans=[])
+
+    sched = Scheduler(tasks=tasks, solve=solve, top_k=1, threads=2, budget=TimeBudget(100.0),
+                      stopped=lambda: False, shared=SimpleNamespace(value=math.inf),
+                      crew=lambda: _Crew(log))
+    out = sched.run()
+    assert sorted(searched) == ["a", "c"]
+    assert out.complete and not out.found and out.lower_bound == math.inf
+    assert [e[0] for e in log if e[1] == "help"] == [crews["a"]]
+    assert (crews["a"], "finish") in log  # helpers can never wait on it
 
 
 def test_the_first_plan_is_timed_from_the_start_of_the_run() -> None:

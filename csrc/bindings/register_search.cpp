@@ -60,6 +60,8 @@ void register_search(py::module_& m) {
              "The search stops that many seconds from now, unless no better plan has been "
              "found since it began (the share is then renewed).")
         .def("yield_now", &Crew::yield_now, "Stop the search now, as its time limit would.")
+        .def("finish", &Crew::finish,
+             "The search is over (or never began): helpers waiting in help() return.")
         .def_property_readonly("helpers", &Crew::helpers);
 
     py::enum_<Objective>(m, "Objective")

@@ -92,6 +92,25 @@ double Bounds::bottleneck_bound(const Node& n, const Combo& c) const {
     return least_tau(groups_of(n, c));
 }
 
+double Bounds::least_work(const std::vector<Group>& by_t, double x) const {
+    std::int64_t left = model_.num_layers;
+    double work = 0;
+    for (const Group& g : by_t) {  // one block on every stage
+        if (blocks_within(x, g.t, g.cap) < 1) return kInf;
+        work += d(g.count) * g.t;
+        left -= g.count;
+    }
+    if (left < 0) return kInf;
+    for (const Group& g : by_t) {  // the rest on the fastest stages first
+        if (left == 0) break;
+        const std::int64_t fit = std::min(blocks_within(x, g.t, g.cap), model_.num_layers);
+        const std::int64_t more = std::min(left, g.count * (fit - 1));
+        work += d(more) * g.t;
+        left -= more;
+    }
+    return left > 0 ? kInf : work;
+}
+
 double Bounds::least_tau(const std::vector<Group>& gs) const {
     const std::int64_t L = model_.num_layers;
     // The answer is the least value k t_g (some group g, 1 <= k <= its cap) at which every
@@ -428,29 +447,58 @@ double Bounds::own_bound(const Node& n, const Combo& c, double tau,
     const std::vector<Group> gs = groups_of(n, c);
     if (tau < 0) tau = least_tau(gs);  // bottleneck_bound()
     if (!std::isfinite(tau)) return kInf;
-    // The pipeline's time as a function of the bottleneck tau (at least `tau`).
-    double slope = 0, fill = 0, rt = 0;  // the second 1F1B bound: fill + slope tau
-    if (c.work.schedule == Schedule::OneFOneB && c.work.virtual_stages == 1 && n.stages > 1) {
-        double t_min = kInf, head_min = kInf;  // the fastest block and LM head
-        for (const Group& g : gs) {
-            t_min = std::min(t_min, g.t);
-            head_min = std::min(head_min, g.head);
-        }
-        // The second pipeline bound with k the bottleneck stage (w_k >= tau) and
-        // sum_i w_i >= L blocks at the fastest per-block time (docs/search.md).
+    // The pipeline's time when its bottleneck (the slowest stage's work per micro-batch)
+    // is x >= tau. Under 1F1B two terms need the stages' total work per micro-batch, which
+    // is at least the least block work of a split whose every stage works at most x
+    // (least_work(); at least L blocks at the fastest block time).
+    const bool fills = c.work.schedule == Schedule::OneFOneB && c.work.virtual_stages == 1 &&
+                       n.stages > 1;
+    double slope = 0, head_min = 0, sends = 0;  // the second 1F1B bound: work + slope x
+    std::vector<Group> by_t;
+    if (fills) {
+        head_min = kInf;  // the least LM head
+        for (const Group& g : gs) head_min = std::min(head_min, g.head);
+        // The second pipeline bound with k the bottleneck stage (w_k = x) (docs/search.md).
         const double a = M - 1 - d(n.stages - 1) / q_factor(n);
-        if (a > 0) slope = a, fill = d(model_.num_layers) * t_min;
-        // 1F1B's round trips.
+        if (a > 0) slope = a;
         const Sends sd = node_sends(n, c);
-        rt = round_trip_bound(c, n.stages, d(model_.num_layers) * t_min + head_min,
-                              boundary_sum(sd.sum, sd.least) - sd.saving);
+        sends = boundary_sum(sd.sum, sd.least) - sd.saving;
+        by_t = gs;
+        std::sort(by_t.begin(), by_t.end(), [](const Group& x, const Group& y) { return x.t < y.t; });
     }
-    auto pipe = [&](double x) {
-        double t = std::max({by_rate, M * x, rt});
-        if (slope > 0) t = std::max(t, fill + slope * x);
+    // A pipeline's time at bottleneck x given its least work W at that bottleneck.
+    auto pipe_with = [&](double x, double W) {
+        double t = std::max(by_rate, M * x);
+        if (fills) {
+            t = std::max(t, round_trip_bound(c, n.stages, W + head_min, sends));  // round trips
+            if (slope > 0) t = std::max(t, W + slope * x);
+        }
         return t;
     };
-    double t_iter = std::max(pipe(tau) + sync, unit_bound(gs));
+    // Evaluated a hair above x: least_work() only falls with x, so this errs low.
+    auto pipe = [&](double x) {
+        return pipe_with(x, fills ? least_work(by_t, x * (1 + 1e-9)) : 0.0);
+    };
+    // The least over every bottleneck x >= tau. The work only changes where some stage's
+    // floor(x / t) does: walk those values upwards until the terms that grow with x, at
+    // the least work any bottleneck allows, reach the best found.
+    double t_pipe = pipe(tau);
+    if (fills) {
+        const std::int64_t L = model_.num_layers;
+        const double w_floor = least_work(by_t, kInf);
+        double x = tau;
+        for (std::size_t step = 0; step < 4 * static_cast<std::size_t>(L) * by_t.size() + 64; ++step) {
+            double next = kInf;
+            for (const Group& g : by_t) {
+                const std::int64_t fit = blocks_within(x * (1 + 1e-9), g.t, g.cap);
+                if (fit < std::min(g.cap, L)) next = std::min(next, d(fit + 1) * g.t);
+            }
+            if (!std::isfinite(next) || pipe_with(next, w_floor) >= t_pipe) break;
+            x = next;
+            t_pipe = std::min(t_pipe, pipe(x));
+        }
+    }
+    double t_iter = std::max(t_pipe + sync, unit_bound(gs));
     if (placing) t_iter = std::max(t_iter, coupled_bound(n, c, gs, tau, pipe) + sync_opt(c, n.sum_hbm));
     return objective(t_iter);
 }
@@ -685,12 +733,14 @@ double Bounds::ext_time_bound(const Node& n, const Combo& c, double target) cons
     if (!feasible(kInf, false)) return kInf;  // the stages' memory cannot hold the blocks
     // The terms that do not depend on the bottleneck tau: round trips and synchronisation.
     double rt = 0;
+    Sends sd;
+    std::function<double(double)> rt_of;  // round trips, given the stages' least work
     if (c.work.schedule == Schedule::OneFOneB && c.work.virtual_stages == 1) {
         // Round trips, for each number of stages a completion can have: the node's stages
         // as node_sends() says, an added stage at best on the fastest later link
         // (in-instance links included: added stages of one type may share instances).
         double link = 0, head_min = kInf;
-        const Sends sd = node_sends(n, c);
+        sd = node_sends(n, c);
         for (const Group& g : own) head_min = std::min(head_min, g.head);
         for (std::size_t p = p0; p < order_.size(); ++p) {
             const GpuSpec& g = gpus_[static_cast<std::size_t>(order_[p])];
@@ -701,14 +751,18 @@ double Bounds::ext_time_bound(const Node& n, const Combo& c, double target) cons
             }
         }
         const double send = send_lb(c, link);
-        const double work = d(L) * t_min + (std::isfinite(head_min) ? head_min : 0.0);
-        rt = kInf;
-        for (std::int64_t r = 1; r <= room; ++r) {
-            rt = std::min(rt, round_trip_bound(c, n.stages + r, work,
-                                               boundary_sum(sd.sum + d(r) * send,
-                                                            std::min(sd.least, send)) -
-                                                   sd.saving));
-        }
+        const double head = std::isfinite(head_min) ? head_min : 0.0;
+        rt_of = [&c, &n, &sd, room, send, head, this](double work) {
+            double best = kInf;
+            for (std::int64_t r = 1; r <= room; ++r) {
+                best = std::min(best, round_trip_bound(c, n.stages + r, work + head,
+                                                       boundary_sum(sd.sum + d(r) * send,
+                                                                    std::min(sd.least, send)) -
+                                                           sd.saving));
+            }
+            return best;
+        };
+        rt = rt_of(d(L) * t_min);
     }
     const double bw = n.sum_bw + std::min(bw_all, d(room) * bw_slot);
     const double hbm = n.sum_hbm + std::min(hbm_all, d(room) * hbm_slot);
@@ -744,7 +798,98 @@ double Bounds::ext_time_bound(const Node& n, const Combo& c, double target) cons
         if (feasible(mid, head)) hi = mid;
         else lo = mid;
     }
-    return std::max(iteration(lo), ext_unit_bound(n, c, room));  // lo: below the least feasible tau
+    double bound = iteration(lo);  // lo: below the least feasible tau
+    if (rt_of && std::isfinite(target) && bound < target) {
+        bound = std::max(bound, ext_fill_bound(c, own, ext, room, a, lo, hi, sync, rt_of, target));
+    }
+    return std::max(bound, ext_unit_bound(n, c, room));
+}
+
+// ext_time_bound()'s pipeline terms with the stages' total work per micro-batch at its least
+// for each bottleneck tau (instead of L blocks at the fastest block time), the least over
+// every tau >= tau_lo (tau_lo below the least feasible tau, tau_hi at or above it). At a
+// bottleneck tau a completion's stages hold: the node's, each one block at least and at most
+// min(tau / t, cap); the added ones (at least one, at most `room`, of each later type at
+// most its per-replica stages), each at most what its best width holds at tau, every block
+// at the type's fastest block time. The least work fills the fastest blocks first. It only
+// falls as tau grows, and changes where some floor(tau / t) does: the values k t are walked
+// upwards from tau_hi (below it, the work at tau_hi is a lower bound) until the terms that
+// grow with tau, at the least work any tau allows, reach the best found. Gives up (0) as
+// soon as the bound falls below `target`: the caller only needs to know whether it cuts.
+double Bounds::ext_fill_bound(const Combo& c, const std::vector<Group>& own,
+                              const std::vector<const Combo::Option*>& ext, std::int64_t room,
+                              double a, double tau_lo, double tau_hi, double sync,
+                              const std::function<double(double)>& rt_of, double target) const {
+    const std::int64_t L = model_.num_layers;
+    const double M = d(c.work.num_microbatches);
+    // Block-time classes, fastest first: a node group (index >= 0) or a later type (~index).
+    std::vector<std::pair<double, std::int64_t>> cls;
+    cls.reserve(own.size() + ext.size());
+    for (std::size_t j = 0; j < own.size(); ++j) cls.emplace_back(own[j].t, static_cast<std::int64_t>(j));
+    for (std::size_t j = 0; j < ext.size(); ++j) cls.emplace_back(ext[j]->t_min, ~static_cast<std::int64_t>(j));
+    std::sort(cls.begin(), cls.end());
+    auto added_fit = [&](const Combo::Option* o, double tau) {
+        std::int64_t v = 0;
+        for (const auto& [bt, cap] : o->widths) v = std::max(v, blocks_within(tau, bt, cap));
+        return std::min(v, L);
+    };
+    auto work_at = [&](double tau) {
+        double w = 0, t_add = kInf;
+        std::int64_t left = L;
+        for (const Group& g : own) {  // one block on each of the node's stages
+            if (blocks_within(tau, g.t, g.cap) < 1) return kInf;
+            w += d(g.count) * g.t;
+            left -= g.count;
+        }
+        for (const Combo::Option* o : ext) {  // and on one added stage
+            if (added_fit(o, tau) >= 1) t_add = std::min(t_add, o->t_min);
+        }
+        if (!std::isfinite(t_add) || left < 1) return kInf;
+        w += t_add;
+        left -= 1;
+        for (const auto& [t, j] : cls) {  // the rest, fastest first
+            if (left == 0) break;
+            std::int64_t more;
+            if (j >= 0) {
+                const Group& g = own[static_cast<std::size_t>(j)];
+                more = g.count * (std::min(blocks_within(tau, g.t, g.cap), L) - 1);
+            } else {
+                const Combo::Option* o = ext[static_cast<std::size_t>(~j)];
+                more = std::min(o->avail, room) * added_fit(o, tau);
+            }
+            more = std::min(left, std::max<std::int64_t>(more, 0));
+            w += d(more) * t;
+            left -= more;
+        }
+        return left > 0 ? kInf : w;
+    };
+    auto iteration = [&](double tau, double work) {
+        double t = std::max(M * tau, rt_of(work));
+        if (a > 0) t = std::max(t, work + a * tau);
+        return t + sync;
+    };
+    const double floor = work_at(kInf);
+    if (!std::isfinite(floor)) return kInf;
+    // Evaluated a hair above tau: the work only falls with tau, so this errs low.
+    double best = iteration(tau_lo, work_at(tau_hi * (1 + 1e-9)));
+    double x = tau_hi;
+    for (std::size_t step = 0; best >= target && step < 4 * static_cast<std::size_t>(L) * cls.size() + 64; ++step) {
+        double next = kInf;
+        for (const Group& g : own) {
+            const std::int64_t fit = blocks_within(x * (1 + 1e-9), g.t, g.cap);
+            if (fit < std::min(g.cap, L)) next = std::min(next, d(fit + 1) * g.t);
+        }
+        for (const Combo::Option* o : ext) {
+            for (const auto& [bt, cap] : o->widths) {
+                const std::int64_t fit = blocks_within(x * (1 + 1e-9), bt, cap);
+                if (fit < std::min(cap, L)) next = std::min(next, d(fit + 1) * bt);
+            }
+        }
+        if (!std::isfinite(next) || iteration(next, floor) >= best) break;
+        x = next;
+        best = std::min(best, iteration(x, work_at(x * (1 + 1e-9))));
+    }
+    return best >= target ? best : 0.0;
 }
 
 // Lower bound over completions that add stages of types at order positions >= p; with

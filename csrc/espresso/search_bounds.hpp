@@ -64,12 +64,21 @@ public:
     double least_tau(const std::vector<Group>& gs) const;
     // The same by bisection over each group's values (the reference least_tau() falls back to).
     double least_tau_bisect(const std::vector<Group>& gs) const;
+    // The least block work sum_i n_i t_i of a split of the L blocks over the groups' stages
+    // (`by_t`: sorted by block time) in which every stage takes at least one block and at
+    // most blocks_within(x, t, cap): no pipeline whose bottleneck is at most x works less per
+    // micro-batch. Non-increasing in x; kInf when no split fits.
+    double least_work(const std::vector<Group>& by_t, double x) const;
     double unit_time(const Combo& c, std::int64_t type, std::int64_t tp, double block_s) const;
     double unit_bound(std::vector<Group> gs) const;
     double coupled_bound(const Node& n, const Combo& c, const std::vector<Group>& gs,
                          double tau_lo, const std::function<double(double)>& pipe) const;
     double sync_opt(const Combo& c, double sum_hbm) const;
     double ext_unit_bound(const Node& n, const Combo& c, std::int64_t room) const;
+    double ext_fill_bound(const Combo& c, const std::vector<Group>& own,
+                          const std::vector<const Combo::Option*>& ext, std::int64_t room,
+                          double a, double tau_lo, double tau_hi, double sync,
+                          const std::function<double(double)>& rt_of, double target) const;
 
     double positioned_tau(const Node& n, const Combo& c) const;
 
