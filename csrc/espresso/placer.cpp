@@ -387,6 +387,9 @@ private:
             for (std::int64_t n = std::max<std::int64_t>(lo, minl_); n <= hi && n <= span_; ++n) {
                 const std::size_t c = cell(j, pos, n);
                 if (!ok_[c]) break;
+                // The three terms grow with n (more blocks: more work, gradients, states):
+                // once this stage alone reaches every best so far, larger n cannot help.
+                if (g_[c] >= best.g && ar_[c] >= best.ar && opt_step_[c] >= best.opt) break;
                 Neck rest{0.0, 0.0, 0.0};
                 if (left > 1) {
                     rest = neck_rest(left - 1, l + n, idx - stride_[sj]);

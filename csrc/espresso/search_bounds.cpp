@@ -483,9 +483,16 @@ double Bounds::own_bound(const Node& n, const Combo& c, double tau,
     // floor(x / t) does: walk those values upwards until the terms that grow with x, at
     // the least work any bottleneck allows, reach the best found.
     double t_pipe = pipe(tau);
-    if (fills) {
+    const double w_floor = fills ? least_work(by_t, kInf) : 0.0;
+    if (fills && !placing) {
+        // Most nodes are not cut by this bound even at the bottleneck tau (an upper end of
+        // the least): they take the bound at the least work any bottleneck allows, which
+        // holds at every one, and only those it would cut walk (below) to confirm.
+        const double at_tau = objective(t_pipe + sync);
+        if (std::isfinite(at_tau) && !beyond(at_tau, thr)) t_pipe = pipe_with(tau, w_floor);
+    }
+    if (fills && t_pipe > pipe_with(tau, w_floor)) {
         const std::int64_t L = model_.num_layers;
-        const double w_floor = least_work(by_t, kInf);
         double x = tau;
         for (std::size_t step = 0; step < 4 * static_cast<std::size_t>(L) * by_t.size() + 64; ++step) {
             double next = kInf;
