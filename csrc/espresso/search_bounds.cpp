@@ -484,25 +484,41 @@ double Bounds::own_bound(const Node& n, const Combo& c, double tau,
     // the least work any bottleneck allows, reach the best found.
     double t_pipe = pipe(tau);
     const double w_floor = fills ? least_work(by_t, kInf) : 0.0;
-    if (fills && !placing) {
-        // Most nodes are not cut by this bound even at the bottleneck tau (an upper end of
-        // the least): they take the bound at the least work any bottleneck allows, which
-        // holds at every one, and only those it would cut walk (below) to confirm.
-        const double at_tau = objective(t_pipe + sync);
-        if (std::isfinite(at_tau) && !beyond(at_tau, thr)) t_pipe = pipe_with(tau, w_floor);
-    }
     if (fills && t_pipe > pipe_with(tau, w_floor)) {
-        const std::int64_t L = model_.num_layers;
-        double x = tau;
-        for (std::size_t step = 0; step < 4 * static_cast<std::size_t>(L) * by_t.size() + 64; ++step) {
-            double next = kInf;
-            for (const Group& g : by_t) {
-                const std::int64_t fit = blocks_within(x * (1 + 1e-9), g.t, g.cap);
-                if (fit < std::min(g.cap, L)) next = std::min(next, d(fit + 1) * g.t);
+        // Whether an iteration time cuts the node (when placing, none: the least is wanted).
+        auto cuts = [&](double t) {
+            if (placing) return false;
+            const double v = objective(t + sync);
+            return !std::isfinite(v) || beyond(v, thr);
+        };
+        // At the least work any bottleneck allows: a bound at every one. Most nodes are not
+        // cut even at tau (an upper end of the least) and take it; only those that would
+        // be cut walk, to confirm, and stop as soon as one bottleneck does not cut.
+        const double low = pipe_with(tau, w_floor);
+        if (!placing && !cuts(t_pipe)) {
+            t_pipe = low;
+        } else {
+            const std::int64_t L = model_.num_layers;
+            double x = tau;
+            for (std::size_t step = 0; step < 4 * static_cast<std::size_t>(L) * by_t.size() + 64; ++step) {
+                double next = kInf;
+                for (const Group& g : by_t) {
+                    const std::int64_t fit = blocks_within(x * (1 + 1e-9), g.t, g.cap);
+                    if (fit < std::min(g.cap, L)) next = std::min(next, d(fit + 1) * g.t);
+                }
+                if (!std::isfinite(next)) break;
+                const double rest = pipe_with(next, w_floor);  // every bottleneck from next on
+                if (rest >= t_pipe || cuts(rest)) {
+                    t_pipe = std::min(t_pipe, rest);
+                    break;
+                }
+                x = next;
+                t_pipe = std::min(t_pipe, pipe(x));
+                if (!placing && !cuts(t_pipe)) {
+                    t_pipe = low;
+                    break;
+                }
             }
-            if (!std::isfinite(next) || pipe_with(next, w_floor) >= t_pipe) break;
-            x = next;
-            t_pipe = std::min(t_pipe, pipe(x));
         }
     }
     double t_iter = std::max(t_pipe + sync, unit_bound(gs));
@@ -829,6 +845,16 @@ double Bounds::ext_fill_bound(const Combo& c, const std::vector<Group>& own,
                               const std::function<double(double)>& rt_of, double target) const {
     const std::int64_t L = model_.num_layers;
     const double M = d(c.work.num_microbatches);
+    auto iteration = [&](double tau, double work) {
+        double t = std::max(M * tau, rt_of(work));
+        if (a > 0) t = std::max(t, work + a * tau);
+        return t + sync;
+    };
+    // The least work at tau_hi is at most that of a split that fits there, every stage
+    // working at most tau_hi: when even that does not reach the target, nothing here will.
+    double stages = d(room);
+    for (const Group& g : own) stages += d(g.count);
+    if (iteration(tau_lo, stages * tau_hi * (1 + 1e-9)) < target) return 0.0;
     // Block-time classes, fastest first: a node group (index >= 0) or a later type (~index).
     std::vector<std::pair<double, std::int64_t>> cls;
     cls.reserve(own.size() + ext.size());
@@ -869,11 +895,6 @@ double Bounds::ext_fill_bound(const Combo& c, const std::vector<Group>& own,
             left -= more;
         }
         return left > 0 ? kInf : w;
-    };
-    auto iteration = [&](double tau, double work) {
-        double t = std::max(M * tau, rt_of(work));
-        if (a > 0) t = std::max(t, work + a * tau);
-        return t + sync;
     };
     const double floor = work_at(kInf);
     if (!std::isfinite(floor)) return kInf;
