@@ -243,6 +243,22 @@ private:
                 }
             }
         }
+        // The least work per block of any stage, from every cell that fits: w(n) / n and
+        // w(n + 1) - w(n); then a stage of n blocks works at least n times it (w(1) >= it and
+        // each block adds at least it), so k blocks left take at least k times it.
+        per_block_ = kInf;
+        for (std::int64_t j = 0; j < k_; ++j) {
+            for (std::int64_t pos = 0; pos < P_; ++pos) {
+                for (std::int64_t n = minl_; n <= span_; ++n) {
+                    const std::size_t c = cell(j, pos, n);
+                    if (!ok_[c]) break;
+                    const double w = f_[c] + b_[c];
+                    per_block_ = std::min(per_block_, w / static_cast<double>(n));
+                    if (n < span_ && ok_[c + 1]) per_block_ = std::min(per_block_, f_[c + 1] + b_[c + 1] - w);
+                }
+            }
+        }
+        if (!(per_block_ > 0) || !std::isfinite(per_block_)) per_block_ = 0.0;
         // Transfers between groups: over the network, or (neighbours of one type) possibly
         // inside an instance, which the layout of the whole sequence decides. The bounds take
         // the least; leaves compute the exact ones (leaf()).
@@ -362,6 +378,9 @@ private:
                 for (std::int64_t n = minl_; n <= span_ && l + n <= L_ - (left - 1) * minl_; ++n) {
                     const std::size_t c = cell(j, pos, n);
                     if (!ok_[c]) break;
+                    // The rest works at least per_block_ a block, and this stage gains at
+                    // least that much a block: no larger n does better once this reaches best.
+                    if (c2 + f_[c] + b_[c] + static_cast<double>(L_ - l - n) * per_block_ >= best) break;
                     const double tail = sum_rest(left - 1, l + n, j, idx - stride_[sj]);
                     if (std::isfinite(tail)) best = std::min(best, c2 + f_[c] + b_[c] + tail);
                 }
@@ -676,6 +695,7 @@ private:
     std::vector<StageGroup> distinct_;
     std::vector<std::int64_t> count_, remaining_, stride_, rank_;
     std::vector<double> f_, b_, g_, ar_, opt_step_, send_, inter_, intra_, min_in_, memo_, memo_sum_;
+    double per_block_ = 0.0;  // a stage of n blocks works at least n times this (build_tables)
     std::vector<Neck> memo_neck_;
     std::vector<char> ok_, share_;  // share_: two groups that could sit in one instance
     Stopwatch sw_;
