@@ -777,12 +777,13 @@ def _gap_words(stats: SearchStats) -> str:
     return (f"gap {stats.gap:.1%}" if math.isfinite(stats.gap) else "no lower bound")
 
 
-EXPLAIN_SHARE = 0.05
+EXPLAIN_SHARE = 1 / 30
 """Of a call's time limit, what the fastest-plan search that explains an unmet deadline gets
-(at least :data:`EXPLAIN_MIN_S`): the answer, no plan, is proven before it starts. On the
-snapshot's 60-day 70B questions, 3 s finds the same fastest plan as 6 s (its gap stays
-50-70% either way: the bounds of deep, slow-network mixes are loose)."""
-EXPLAIN_MIN_S = 3.0
+(at least :data:`EXPLAIN_MIN_S`; 2 s of the default 60-s limit): the answer, no plan, is
+proven before it starts. On the snapshot's 70B "no plan" questions (14 and 60 days, with and
+without the quota file of bench/first_questions.py), 2 s finds the same fastest plan as 3 s,
+and 3 s the same as 6 s (docs/search.md, "Limits, progress, cancel")."""
+EXPLAIN_MIN_S = 2.0
 
 
 def explain_infeasible(job: Job, catalog: Catalog, result: SearchResult,
