@@ -10,11 +10,10 @@ ones, fails instance 151 of the few-micro-batch ones."""
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
-from _bruteforce import brute_force
+from _bruteforce import assert_same_optimum, brute_force
 
 import espresso as es
 
@@ -55,13 +54,8 @@ def fill_instance(seed: int, batches: tuple[int, ...],
 def assert_exact(job: es.Job, catalog: es.Catalog) -> None:
     expected, plan, _ = brute_force(job, catalog, micro_batch_sizes=(1, 2), max_stages=3,
                                     max_tp=2, cost_model=COST)
-    r = es.search(job, catalog, max_stages=3, **SMALL)  # type: ignore[arg-type]
-    assert r.stats.complete
-    got = r.plans[0].estimate.total_usd if r.plans else math.inf  # type: ignore[union-attr]
-    if math.isinf(expected):
-        assert math.isinf(got)
-    else:
-        assert got == pytest.approx(expected, rel=1e-9), plan
+    assert_same_optimum(es.search(job, catalog, max_stages=3, **SMALL),  # type: ignore[arg-type]
+                        expected, plan)
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -484,17 +484,18 @@ double Bounds::own_bound(const Node& n, const Combo& c, double tau,
     // the least work any bottleneck allows, reach the best found.
     double t_pipe = pipe(tau);
     const double w_floor = fills ? least_work(by_t, kInf) : 0.0;
-    if (fills && t_pipe > pipe_with(tau, w_floor)) {
+    // At the least work any bottleneck allows: a bound at every one.
+    const double low = fills ? pipe_with(tau, w_floor) : t_pipe;
+    if (t_pipe > low) {
         // Whether an iteration time cuts the node (when placing, none: the least is wanted).
         auto cuts = [&](double t) {
             if (placing) return false;
             const double v = objective(t + sync);
             return !std::isfinite(v) || beyond(v, thr);
         };
-        // At the least work any bottleneck allows: a bound at every one. Most nodes are not
-        // cut even at tau (an upper end of the least) and take it; only those that would
-        // be cut walk, to confirm, and stop as soon as one bottleneck does not cut.
-        const double low = pipe_with(tau, w_floor);
+        // Most nodes are not cut even at tau (an upper end of the least) and take `low`;
+        // only those that would be cut walk, to confirm, and stop as soon as one bottleneck
+        // does not cut.
         if (!placing && !cuts(t_pipe)) {
             t_pipe = low;
         } else {
