@@ -32,7 +32,10 @@ def test_readme_python_example(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_readme_names_both_setup_commands() -> None:
     text = (ROOT / "README.md").read_text()
     assert "pip install . && espresso plan --model llama2-7b --tokens 2e10 --deadline 7d" in text
-    assert 'pip install -e ".[test]" && pytest' in text
+    test_command = 'pip install -e ".[test]" && pytest -n auto'
+    assert test_command in text
+    # CI runs exactly the README's test command
+    assert test_command + "\n" in (ROOT / ".ci" / "run").read_text()
     assert (ROOT / "examples/plans/llama2-7b-a100-l40s.json").exists()
 
 

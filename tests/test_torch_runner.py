@@ -12,6 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _helpers import spawn_ranks  # noqa: E402
+
 import espresso as es  # noqa: E402
 from espresso.errors import PlanError  # noqa: E402
 
@@ -237,7 +239,7 @@ def test_pipeline_matches_single_process(world: int) -> None:
     """Each plan's losses and every gradient equal one process's, twice, and one SGD step
     moves every parameter alike (`worker`)."""
     jobs = [(plan.to_json(), free_port(), "", name) for name, plan in _pipeline_plans()[world]]
-    torch.multiprocessing.spawn(worker_many, args=(jobs,), nprocs=world, join=True)
+    spawn_ranks(worker_many, (jobs,), world)
 
 
 @pytest.mark.parametrize(
@@ -266,10 +268,9 @@ def test_sharded_plans_match_single_process(stages: list[tuple[int, int]],
     plain = make_plan(stages, 2, 2, "1f1b", tp, sequence_parallel=sp, virtual_stages=v)
     (tmp_path / "plain").mkdir()
     # The sharded plan, then the same plan without sharding, in the same processes.
-    torch.multiprocessing.spawn(
-        worker_many, args=([(plan.to_json(), free_port(), str(tmp_path)),
-                            (plain.to_json(), free_port(), str(tmp_path / "plain"))],),
-        nprocs=plan.num_gpus, join=True)
+    spawn_ranks(worker_many, ([(plan.to_json(), free_port(), str(tmp_path)),
+                               (plain.to_json(), free_port(), str(tmp_path / "plain"))],),
+                plan.num_gpus)
 
     def held(d: Path) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {}
@@ -467,5 +468,4 @@ def test_builtin_modules_with_sequence_parallelism_match_single_process() -> Non
     plan = es.Plan(job=job, micro_batch_size=1, num_microbatches=2, sequence_parallel=True,
                    stages=(es.Stage(gpu="L4", layers=(0, 1), tp=2),
                            es.Stage(gpu="L4", layers=(1, 2), tp=2)))
-    torch.multiprocessing.spawn(builtin_worker, args=(plan.to_json(), free_port()),
-                                nprocs=plan.num_gpus, join=True)
+    spawn_ranks(builtin_worker, (plan.to_json(), free_port()), plan.num_gpus)

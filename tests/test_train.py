@@ -18,6 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _helpers import spawn_ranks  # noqa: E402
+
 import espresso as es  # noqa: E402
 from espresso.errors import TrainError  # noqa: E402
 from espresso.train.command import execute  # noqa: E402
@@ -72,9 +74,8 @@ def train_plan(plan: es.Plan, tmp: Path, **kw: object) -> tuple[Path, Path]:
     """(metrics of the plan's run, metrics of the one-process reference)."""
     pf = tmp / "plan.json"
     pf.write_text(plan.to_json())
-    torch.multiprocessing.spawn(rank_worker, args=(opts(pf, tmp / "run", **kw), plan.num_gpus,
-                                                   free_port()),
-                                nprocs=plan.num_gpus, join=True)
+    spawn_ranks(rank_worker, (opts(pf, tmp / "run", **kw), plan.num_gpus, free_port()),
+                plan.num_gpus)
     execute(opts(pf, tmp / "ref", reference=True, **kw))
     return tmp / "run" / "metrics.jsonl", tmp / "ref" / "reference.jsonl"
 
