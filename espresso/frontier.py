@@ -34,6 +34,12 @@ SHRINK = 1e-9
 by less are one point."""
 
 
+TOP_K = 8
+"""Plans asked of each search: the cheapest that meet its deadline. Every later one that is
+faster than the one before it is a point too (see :func:`frontier`), so one search may
+give several points."""
+
+
 def deadline_hours(plan: Plan) -> float:
     """The hours a deadline is held against (at confidence for spot plans)."""
     est = plan.estimate
@@ -112,6 +118,8 @@ def frontier(job: Job, catalog: Catalog | None = None, *, max_points: int = 50,
         msg = "frontier: objective, budget_usd and top_k are set by the frontier itself"
         raise SpecError(msg)
     space.setdefault("interleave_after", ())
+    # Several points from one search need its list of plans exact (no --gap).
+    exact = not space.get("gap")
     start = time.monotonic()
     end = None if time_limit_s is None else start + v.number(
         "time_limit_s", time_limit_s, positive=True, maximum=1e7)
@@ -127,21 +135,42 @@ def frontier(job: Job, catalog: Catalog | None = None, *, max_points: int = 50,
             complete = False
             break
         res = search(replace(job, deadline_hours=deadline), catalog, time_limit_s=left,
-                     progress=progress, phase=f"frontier point {len(points) + 1}", **space)
+                     progress=progress, phase=f"frontier point {len(points) + 1}",
+                     top_k=TOP_K if exact else 1, **space)
         if not res.plans:
             complete = complete and res.stats.complete
             break
-        plan = res.plans[0]
-        est = plan.estimate
-        assert est is not None
-        hours = deadline_hours(plan)
-        points.append(FrontierPoint(plan=plan, hours=hours, usd=est.total_usd,
-                                    up_to=points[-1].hours if points else math.inf,
-                                    proven=res.stats.complete))
+        # The search's plans are the TOP_K cheapest that meet `deadline`, cheapest first.
+        # The first is this point. When the search is complete and exact, so is every later
+        # one that meets the next deadline before the list ends: any cheaper plan that meets
+        # the next (tighter) deadline meets this one too, so it would stand before it in the
+        # list. A list cut at TOP_K says nothing past its end: the next search starts there.
+        taken = res.plans[:1]
+        if exact and res.stats.complete:
+            last = deadline_hours(taken[0])
+            for p in res.plans[1:]:
+                if deadline_hours(p) <= last * (1 - SHRINK):
+                    taken.append(p)
+                    last = deadline_hours(p)
+        cut = len(taken) > max_points - len(points)  # the rest would pass max_points
+        taken = taken[:max_points - len(points)]
+        for plan in taken:
+            est = plan.estimate
+            assert est is not None
+            hours = deadline_hours(plan)
+            points.append(FrontierPoint(plan=plan, hours=hours, usd=est.total_usd,
+                                        up_to=points[-1].hours if points else math.inf,
+                                        proven=res.stats.complete))
+            if on_point is not None:
+                on_point(points[-1])
         complete = complete and res.stats.complete
-        if on_point is not None:
-            on_point(points[-1])
-        deadline = hours * (1 - SHRINK)
+        deadline = points[-1].hours * (1 - SHRINK)
+        if exact and res.stats.complete and len(res.plans) < TOP_K and not cut:
+            # A list shorter than asked holds every plan that meets the deadline (each one
+            # the search left out is no faster than one it kept), and the walk took every
+            # plan faster than the one before: the last point is the fastest plan there is,
+            # and no search is needed to say so.
+            break
     else:
         complete = False  # max_points reached: faster plans may remain
     return Frontier(points=points, complete=complete, seconds=time.monotonic() - start,

@@ -3,6 +3,7 @@ missed, and nothing is faster than the last point (against the brute force)."""
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +14,9 @@ from test_search import COST, SMALL, random_instance
 
 import espresso as es
 from espresso.frontier import deadline_hours, frontier
+
+# The module (the package's attribute of that name is the function)
+espresso_frontier = importlib.import_module("espresso.frontier")
 
 KW = {**SMALL, "interleave_after": ()}
 
@@ -27,8 +31,15 @@ def _bf(job: es.Job, catalog: es.Catalog, deadline: float, depth: int = 2) -> fl
 CASES = [(seed, 2) for seed in range(30)] + [(1000 + seed, 3) for seed in range(12)]
 
 
+@pytest.mark.parametrize("top_k", [1, 2, 8])
 @pytest.mark.parametrize(("seed", "depth"), CASES)
-def test_frontier_points_are_the_brute_force_optima(seed: int, depth: int) -> None:
+def test_frontier_points_are_the_brute_force_optima(seed: int, depth: int, top_k: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """With each search asked for top_k plans: 1, one search per point; 2, points taken
+    from lists that often end before the next point (the next search starts there); 8 (the
+    default), often the whole frontier from one or two searches, the last point known to be
+    the fastest without a search of its own when a list ends short."""
+    monkeypatch.setattr(espresso_frontier, "TOP_K", top_k)
     job, catalog = random_instance(seed, depth)
     f = frontier(job, catalog, max_stages=depth, time_limit_s=120, **KW)
     assert f.complete
@@ -68,6 +79,34 @@ def test_frontier_answers_both_questions() -> None:
     assert f.fastest_within(fast.usd) == fast
     assert f.fastest_within(slow.usd) == slow
     assert f.fastest_within(slow.usd * 0.5) is None
+
+
+def test_one_short_list_gives_the_whole_frontier(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A list shorter than asked holds every plan: its staircase is the whole frontier, from
+    one search; cut by max_points, the frontier is not complete."""
+    calls: list[float] = []
+    real = espresso_frontier.search
+
+    def counted(job: es.Job, *a: object, **kw: object) -> object:
+        calls.append(job.deadline_hours)
+        return real(job, *a, **kw)
+
+    monkeypatch.setattr(espresso_frontier, "search", counted)
+    monkeypatch.setattr(espresso_frontier, "TOP_K", 1000)
+    job, catalog = random_instance(3, 2)
+    full = frontier(job, catalog, max_stages=2, **KW)
+    assert full.complete and len(full.points) >= 2 and len(calls) == 1
+    monkeypatch.setattr(espresso_frontier, "TOP_K", 1)
+    calls.clear()
+    one_by_one = frontier(job, catalog, max_stages=2, **KW)
+    assert len(calls) == len(full.points) + 1  # the last search finds nothing faster
+    assert [(p.hours, p.usd) for p in one_by_one.points] == [(p.hours, p.usd)
+                                                             for p in full.points]
+    monkeypatch.setattr(espresso_frontier, "TOP_K", 1000)
+    n = len(full.points)
+    cut = frontier(job, catalog, max_points=n - 1, max_stages=2, **KW)
+    assert not cut.complete and [p.usd for p in cut.points] == [p.usd for p in full.points][:-1]
+    assert frontier(job, catalog, max_points=n, max_stages=2, **KW).complete
 
 
 def test_frontier_limits() -> None:
