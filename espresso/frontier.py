@@ -118,8 +118,9 @@ def frontier(job: Job, catalog: Catalog | None = None, *, max_points: int = 50,
         msg = "frontier: objective, budget_usd and top_k are set by the frontier itself"
         raise SpecError(msg)
     space.setdefault("interleave_after", ())
-    # Several points from one search need its list of plans exact (no --gap).
-    exact = not space.get("gap")
+    # Several points from one search need its list of plans exact: no gap, and no
+    # interleaving refinement (it re-ranks the plans after the search).
+    exact = not space.get("gap") and not space.get("interleave_after")
     start = time.monotonic()
     end = None if time_limit_s is None else start + v.number(
         "time_limit_s", time_limit_s, positive=True, maximum=1e7)
