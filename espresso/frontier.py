@@ -146,19 +146,16 @@ def frontier(job: Job, catalog: Catalog | None = None, *, max_points: int = 50,
         # one that meets the next deadline before the list ends: any cheaper plan that meets
         # the next (tighter) deadline meets this one too, so it would stand before it in the
         # list. A list cut at TOP_K says nothing past its end: the next search starts there.
-        taken = res.plans[:1]
+        taken = [(res.plans[0], deadline_hours(res.plans[0]))]
         if exact and res.stats.complete:
-            last = deadline_hours(taken[0])
             for p in res.plans[1:]:
-                if deadline_hours(p) <= last * (1 - SHRINK):
-                    taken.append(p)
-                    last = deadline_hours(p)
+                hours = deadline_hours(p)
+                if hours <= taken[-1][1] * (1 - SHRINK):
+                    taken.append((p, hours))
         cut = len(taken) > max_points - len(points)  # the rest would pass max_points
-        taken = taken[:max_points - len(points)]
-        for plan in taken:
+        for plan, hours in taken[:max_points - len(points)]:
             est = plan.estimate
             assert est is not None
-            hours = deadline_hours(plan)
             points.append(FrontierPoint(plan=plan, hours=hours, usd=est.total_usd,
                                         up_to=points[-1].hours if points else math.inf,
                                         proven=res.stats.complete))

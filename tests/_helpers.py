@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import espresso as es
@@ -54,3 +55,15 @@ def spawn_ranks(fn: Any, args: tuple[Any, ...], nprocs: int) -> None:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "espresso.torch"])
     tmp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def deadline_near_fastest(job: es.Job, catalog: es.Catalog, factor: Callable[[], float],
+                          **space: Any) -> es.Job:
+    """``job`` with its deadline at ``factor()`` times the fastest plan's hours (the search
+    with ``space``), so that the deadline binds; unchanged when no plan fits (``factor`` is
+    then not called, which keeps a caller's random sequence as it was)."""
+    fastest = es.search(job, catalog, objective="time", **space)
+    if not fastest.plans:
+        return job
+    hours = fastest.plans[0].estimate.total_hours  # type: ignore[union-attr]
+    return replace(job, deadline_hours=hours * factor())

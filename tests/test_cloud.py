@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from _bruteforce import brute_force
+from _helpers import deadline_near_fastest
 
 import espresso as es
 from espresso.cloud.domains import subproblems
@@ -287,11 +288,8 @@ def _small_job(rng: random.Random, model: es.ModelSpec, offers: list[dict[str, A
     cat = es.Catalog.from_dict({"specs": specs, "offers": offers})
     job = es.Job(model=model, seq_len=256, global_batch_size=batch, iterations=1000,
                  deadline_hours=1e6)
-    fastest = es.search(job, cat, objective="time", max_stages=2, **SMALL)  # type: ignore[arg-type]
-    if fastest.plans:
-        hours = fastest.plans[0].estimate.total_hours  # type: ignore[union-attr]
-        job = es.Job(model=model, seq_len=256, global_batch_size=batch, iterations=1000,
-                     deadline_hours=hours * rng.choice(factors))
+    job = deadline_near_fastest(job, cat, lambda: rng.choice(factors), max_stages=2,
+                                **SMALL)  # type: ignore[arg-type]
     return job, cat
 
 

@@ -14,6 +14,7 @@ import random
 
 import pytest
 from _bruteforce import assert_same_optimum, brute_force
+from _helpers import deadline_near_fastest
 
 import espresso as es
 
@@ -43,11 +44,8 @@ def fill_instance(seed: int, batches: tuple[int, ...],
     batch = rng.choice(batches)
     job = es.Job(model=model, seq_len=256, global_batch_size=batch, iterations=1000,
                  deadline_hours=1e6)
-    fastest = es.search(job, catalog, objective="time", max_stages=3, **SMALL)  # type: ignore[arg-type]
-    if fastest.plans:
-        hours = fastest.plans[0].estimate.total_hours  # type: ignore[union-attr]
-        job = es.Job(model=model, seq_len=256, global_batch_size=batch, iterations=1000,
-                     deadline_hours=hours * rng.choice(scales))
+    job = deadline_near_fastest(job, catalog, lambda: rng.choice(scales), max_stages=3,
+                                **SMALL)  # type: ignore[arg-type]
     return job, catalog
 
 
