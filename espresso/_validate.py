@@ -26,6 +26,9 @@ def integer(
     err: type[SpecError] = SpecError,
 ) -> int:
     """An integer (an integral float such as 2e10 is accepted) within bounds."""
+    if type(value) is int and (minimum is None or value >= minimum) and (
+            maximum is None or value <= maximum):
+        return value  # the common case, checked first (plans build many stages)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         _raise(err, field, value, "an integer")
     if isinstance(value, float):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any, Protocol
 
@@ -276,36 +276,19 @@ def _catalog_of(plan: PlanLike, catalog: Catalog | Table | None) -> Catalog:
     return catalog
 
 
-def estimate(plan: PlanLike, catalog: Catalog | Table | None = None, *,
-             cost_model: CostParams | None = None, profiles: Any = None) -> Estimate:
-    """Estimate time, memory and cost of ``plan`` on ``catalog`` (the built-in one by default).
+@dataclass(frozen=True, slots=True)
+class _Native:
+    """The core's estimate of a plan, before it becomes an :class:`Estimate`."""
 
-    Parameters
-    ----------
-    plan
-        Any plan, e.g. ``Plan.from_json(path)``; it need not be feasible.
-    catalog
-        Rows the stages name; when omitted, the built-in cloud snapshot for a plan whose
-        stages name offers, else the built-in GPU-type catalog (``Catalog.builtin("gpus")``).
-        A :class:`~espresso.table.Table` already resolved for the plan's model, cost model
-        and profiles (the search's) is read as it is; one resolved otherwise is not used.
-    cost_model
-        Constants of the cost model; the plan's own (``plan.cost_model``) when omitted.
-    profiles
-        Measured profiles, ``{gpu: Profile | path}``: they replace the analytic block and head
-        times and block activations of those GPU types; the plan's own when omitted.
+    res: Any
+    names: list[str]
+    """The catalog rows the stages rent, in the core's order."""
+    rows: list[Any]
+    catalog: Catalog
 
-    Returns
-    -------
-    Estimate
-        Per-stage time and memory, iteration seconds, total hours and USD, ``feasible``,
-        ``meets_deadline`` and, for an infeasible plan, every reason in words.
 
-    Raises
-    ------
-    CatalogError
-        A stage names a GPU type the catalog does not have.
-    """
+def _native_result(plan: PlanLike, catalog: Catalog | Table | None,
+                   cost_model: CostParams | None, profiles: Any) -> _Native:
     # Checked by shape: the plan module imports this one, not the other way round.
     if not (isinstance(getattr(plan, "job", None), Job)
             and isinstance(getattr(plan, "stages", None), tuple)
@@ -360,7 +343,52 @@ def estimate(plan: PlanLike, catalog: Catalog | Table | None = None, *,
     except ValueError as exc:  # the core's own boundary checks
         msg = f"estimate: {exc}"
         raise SpecError(msg) from None
+    return _Native(res=res, names=names, rows=rows, catalog=catalog)
 
+
+def rank_of(plan: PlanLike, catalog: Catalog | Table | None = None) -> Any | None:
+    """What ranks ``plan`` among candidates, without building its :class:`Estimate` (most of
+    an estimate's time): an object with ``total_usd``, ``total_hours`` and
+    ``meets_deadline`` as :func:`estimate` would give them, or None when the plan is not
+    feasible."""
+    native = _native_result(plan, catalog, None, None)
+    if not native.res.feasible or pools_exceeded(native.rows, list(native.res.instances)):
+        return None
+    return native.res
+
+
+def estimate(plan: PlanLike, catalog: Catalog | Table | None = None, *,
+             cost_model: CostParams | None = None, profiles: Any = None) -> Estimate:
+    """Estimate time, memory and cost of ``plan`` on ``catalog`` (the built-in one by default).
+
+    Parameters
+    ----------
+    plan
+        Any plan, e.g. ``Plan.from_json(path)``; it need not be feasible.
+    catalog
+        Rows the stages name; when omitted, the built-in cloud snapshot for a plan whose
+        stages name offers, else the built-in GPU-type catalog (``Catalog.builtin("gpus")``).
+        A :class:`~espresso.table.Table` already resolved for the plan's model, cost model
+        and profiles (the search's) is read as it is; one resolved otherwise is not used.
+    cost_model
+        Constants of the cost model; the plan's own (``plan.cost_model``) when omitted.
+    profiles
+        Measured profiles, ``{gpu: Profile | path}``: they replace the analytic block and head
+        times and block activations of those GPU types; the plan's own when omitted.
+
+    Returns
+    -------
+    Estimate
+        Per-stage time and memory, iteration seconds, total hours and USD, ``feasible``,
+        ``meets_deadline`` and, for an infeasible plan, every reason in words.
+
+    Raises
+    ------
+    CatalogError
+        A stage names a GPU type the catalog does not have.
+    """
+    native = _native_result(plan, catalog, cost_model, profiles)
+    res, names, rows, catalog = native.res, native.names, native.rows, native.catalog
     stages = []
     M = plan.num_microbatches
     for i, (st, se) in enumerate(zip(plan.stages, res.stages, strict=True)):

@@ -18,7 +18,7 @@ from typing import Any
 
 from .catalog import Catalog
 from .errors import SpecError
-from .estimate import estimate
+from .estimate import estimate, rank_of
 from .plan import Plan, Stage
 from .table import Table
 
@@ -80,22 +80,25 @@ def interleave(plan: Plan, catalog: Catalog | Table | None = None, *,
         msg = f"interleave: objective must be 'cost' or 'time', got {objective!r}"
         raise SpecError(msg)
     base = plan.estimate if plan.estimate is not None else estimate(plan, catalog)
-    best, best_est = plan, base
+    # Candidates are ranked by the core's figures alone (rank_of); only the one chosen
+    # gets a whole estimate.
+    best, best_rank = plan, rank_key(base, objective)
     for v in virtual_stages:
         cand = interleaved(plan, v)
         if cand is None or (accept is not None and not accept(cand)):
             continue
-        est = estimate(cand, catalog)
-        if not est.feasible:
+        got = rank_of(cand, catalog)
+        if got is None:  # not feasible
             continue
-        if objective == "cost" and enforce_deadline and not est.meets_deadline:
+        if objective == "cost" and enforce_deadline and not got.meets_deadline:
             continue
-        if objective == "time" and budget_usd is not None and est.total_usd > budget_usd:
+        if objective == "time" and budget_usd is not None and got.total_usd > budget_usd:
             continue
-        if rank_key(est, objective) < rank_key(best_est, objective):
-            best, best_est = cand, est
+        if rank_key(got, objective) < best_rank:
+            best, best_rank = cand, rank_key(got, objective)
     if best is plan:
         return plan if plan.estimate is not None else replace(plan, estimate=base)
+    best_est = estimate(best, catalog)
     stats = dict(plan.stats or {})
     stats["interleaving"] = {"virtual_stages": best.virtual_stages,
                              "total_usd_without": base.total_usd,

@@ -181,6 +181,34 @@ def test_interleave_keeps_the_best_chunking_that_fits_and_beats_the_plan() -> No
     assert interleave(base, CAT, virtual_stages=()) is base
 
 
+def test_rank_of_gives_what_the_estimate_says() -> None:
+    """interleave() ranks candidates by rank_of() (the core's figures, no Estimate built):
+    the same cost, hours and deadline verdict as estimate(), and None exactly when the
+    estimate says the plan is not feasible (here: 2 chunks over memory, 3 and 6 not)."""
+    from espresso.estimate import rank_of
+    from espresso.interleave import interleaved
+
+    wide = es.ModelSpec(name="w", num_layers=24, hidden_size=4096, num_heads=32,
+                        vocab_size=32000)
+    kinds = set()
+    for gpu, model, seq, deadline in [("A100-80GB", MODEL, 2048, 100.0),
+                                      ("A100-80GB", MODEL, 2048, 0.01),
+                                      ("A100-40GB", wide, 4096, 1e6)]:
+        base = replace(plan(4, 1, gpu=gpu), job=replace(JOB, model=model, seq_len=seq,
+                                                         deadline_hours=deadline))
+        for cand in [base, *(interleaved(base, v) for v in (2, 3, 6))]:
+            assert cand is not None
+            est, got = es.estimate(cand, CAT), rank_of(cand, CAT)
+            kinds.add((est.feasible, est.meets_deadline))
+            if not est.feasible:
+                assert got is None
+                continue
+            assert got is not None
+            assert (got.total_usd, got.total_hours, got.meets_deadline) == (
+                est.total_usd, est.total_hours, est.meets_deadline)
+    assert {(True, True), (True, False)} <= kinds and any(not f for f, _ in kinds)
+
+
 def test_search_interleaves_its_plans_unless_told_not_to(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The search hands every plan it returns to interleave() with its chunk options (the
